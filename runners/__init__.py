@@ -1,0 +1,1 @@
+"""What runs inside each rank: the training entry point, models, timers and compressors."""
