@@ -1,0 +1,47 @@
+# Two front doors: `make demo` and `make test`. Both install what they need (system packages too, when root).
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+SYSTEM_PACKAGES := iperf3 iproute2 openssh-server openssh-client ethtool procps kmod
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-unit test-integration lint sysdeps venv bench clean-cluster
+
+# System packages the tests and the local cluster use. Installed only when missing; needs root and apt.
+sysdeps: $(VENV)/.sysdeps
+$(VENV)/.sysdeps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing system packages:$$missing (run as root, or install them)"; exit 2; fi; \
+	  echo "installing system packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+# The main job on the local emulated cluster: 4 hosts, sync SGD vs PowerSGD at a low and a high rate.
+demo: sysdeps venv
+	$(BIN)/python -m testbed.demo
+
+test: sysdeps venv lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-unit: venv
+	$(BIN)/python -m pytest -q tests/unit
+
+lint: venv
+	$(BIN)/ruff check testbed shaping runners tests bench
+	@if [ -d ansible/playbooks ]; then cd ansible && ../$(BIN)/ansible-playbook --syntax-check -i inventory.example.yml playbooks/*.yml >/dev/null && ../$(BIN)/ansible-lint -q playbooks roles; fi
+
+bench: sysdeps venv
+	$(BIN)/python bench/shaping_accuracy.py
+
+# Remove every cluster the testbed made on this machine (also leftovers of crashed runs).
+clean-cluster: venv
+	$(BIN)/testbed down --all

@@ -1,0 +1,74 @@
+"""What every cluster backend offers the rest of the testbed.
+
+The launcher, `status`, `exec`, `shape` and `probe` only talk to this interface, so the local emulated cluster
+(`local.py`) and lab hosts over SSH (`lab.py`) share one code path.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import subprocess
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """One host of a cluster, as the launcher and the CLI see it."""
+
+    name: str  # "h0", or the inventory name of a lab host
+    address: str  # data-plane IPv4 address: ranks and probes talk to this
+    data_iface: str  # the interface that carries training traffic (the shaped one)
+    netns: str | None = None  # local backend: the host's network namespace
+
+
+class RankProcess(abc.ABC):
+    """A process started on a host in its own process group; the launcher watches and ends it."""
+
+    host: Host
+
+    @abc.abstractmethod
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+
+    @abc.abstractmethod
+    def kill_group(self) -> None:
+        """End the whole process group this process leads (SIGTERM, then SIGKILL), and reap it."""
+
+
+class Cluster(abc.ABC):
+    """A set of hosts that can run commands, start ranks and shape their data links."""
+
+    name: str
+    backend: str  # "local" | "lab"
+
+    @abc.abstractmethod
+    def hosts(self) -> list[Host]: ...
+
+    @abc.abstractmethod
+    def run(self, host: Host, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+        """Run a command on a host to completion; text output captured."""
+
+    @abc.abstractmethod
+    def start(
+        self, host: Host, argv: list[str], *, env: dict[str, str], log_path: Path, workdir: Path | None = None
+    ) -> RankProcess:
+        """Start a long-running process (a rank, an iperf3 server) in a new process group, output to log_path."""
+
+    @abc.abstractmethod
+    def fetch(self, host: Host, remote_dir: Path, local_dir: Path) -> None:
+        """Copy a directory of results written on a host to this machine (a no-op when it is the same path)."""
+
+    @abc.abstractmethod
+    def status(self) -> dict[str, Any]:
+        """JSON-ready description: backend, hosts (name, address, data_iface, netns), shaping per link."""
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts():
+            if h.name == name:
+                return h
+        from testbed.errors import InputError
+
+        names = ", ".join(h.name for h in self.hosts())
+        raise InputError(f"unknown host {name!r}; cluster {self.name!r} has: {names}")
