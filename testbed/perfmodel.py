@@ -1,0 +1,625 @@
+"""Analytical performance model: predicted iteration time per compressor, crossover bandwidth, what-if knobs.
+
+Pure functions over frozen dataclasses; SI units with the unit in the name (`_s`, `_bytes`, `_bps`).
+Bandwidths are in **bits** per second (as tc and the results store write them); payloads in bytes.
+
+The model (docs/performance-model.md has the derivation and where it breaks):
+
+1. Collective costs (alpha-beta, ring algorithms), with `B_eff = efficiency * B`:
+   all-reduce of n bytes on p workers   2(p-1) alpha + 2(p-1)/p * 8n / B_eff
+   all-gather of n_c bytes per worker    (p-1) alpha +  (p-1)   * 8n_c / B_eff
+   A compressor with r dependent rounds pays the latency term r times; its `payload_bytes` is the total of all rounds.
+2. One iteration = forward + backward-with-communication + optimizer.  Buckets become ready during the backward
+   pass at `ready_at_s` (measured without communication), in DDP reduction order.
+   - Overlapped (DDP's own all-reduce, or a hook that returns a future without waiting): each bucket is encoded when
+     ready (encodes one after another), sent when encoded *and* the link is free, decoded when received.
+     Backward never waits; the iteration's backward phase ends when both the backward and the last decode are done.
+   - Blocking (`hook_blocks_backward=True`, the default for this project's compressor hooks, which run their
+     collectives synchronously inside the hook so every rank issues them in the same order): the backward stream
+     stalls for encode + communication + decode of each bucket, so those add up in series with backward compute.
+   `syncsgd` is DDP's built-in all-reduce and is always overlapped.
+3. World size 1: no gradient exchange, so no communication and no encode/decode.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import InputError
+
+PROFILE_SCHEMA = "testbed.profile/1"
+COMPRESSORS = ("syncsgd", "fp16", "bf16", "powersgd", "acpsgd", "signsgd", "topk", "mstopk")
+COLLECTIVES = ("allreduce", "allgather")
+# Compressors that DDP runs with its own asynchronous all-reduce (no project hook): always overlapped.
+NATIVE_COMPRESSORS = frozenset({"syncsgd"})
+BASELINES = ("syncsgd", "fp16", "bf16")
+
+
+# --------------------------------------------------------------------------------------------- data classes
+@dataclass(frozen=True)
+class GradBucket:
+    """One DDP gradient bucket, in reduction order. `ready_at_s` is measured from the start of backward."""
+
+    index: int
+    grad_bytes: int
+    numel: int
+    ready_at_s: float
+
+
+@dataclass(frozen=True)
+class CodecBucket:
+    """What one compressor does to one bucket: bytes it sends (all rounds together) and its encode/decode time."""
+
+    index: int
+    payload_bytes: int
+    encode_s: float
+    decode_s: float
+
+
+@dataclass(frozen=True)
+class CompressorProfile:
+    name: str
+    collective: str  # "allreduce" | "allgather"
+    rounds: int
+    buckets: tuple[CodecBucket, ...]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(b.payload_bytes for b in self.buckets)
+
+    @property
+    def encode_s(self) -> float:
+        return sum(b.encode_s for b in self.buckets)
+
+    @property
+    def decode_s(self) -> float:
+        return sum(b.decode_s for b in self.buckets)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Per-iteration compute profile of one model at one batch size on one device, plus per-compressor costs."""
+
+    model: str
+    batch_size: int
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    buckets: tuple[GradBucket, ...]
+    compressors: Mapping[str, CompressorProfile]
+    device: str = "cpu"
+    image_size: int | None = None
+    seq_len: int | None = None
+    bucket_cap_mb: float = 25.0
+    torch_version: str = ""
+    hostname: str = ""
+
+    @property
+    def grad_bytes(self) -> int:
+        return sum(b.grad_bytes for b in self.buckets)
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    def compressor(self, name: str) -> CompressorProfile:
+        """The named compressor's costs. `syncsgd` is derived from the buckets when the profile lacks it."""
+        if name in self.compressors:
+            return self.compressors[name]
+        if name == "syncsgd":
+            return CompressorProfile(
+                "syncsgd",
+                "allreduce",
+                1,
+                tuple(CodecBucket(b.index, b.grad_bytes, 0.0, 0.0) for b in self.buckets),
+            )
+        raise InputError(
+            f"compressor {name!r} is not in the profile of {self.model} (bs {self.batch_size}); "
+            f"profiled: {', '.join(self.compressor_names()) or 'none'}"
+        )
+
+    def compressor_names(self) -> list[str]:
+        names = list(self.compressors)
+        if "syncsgd" not in names:
+            names.insert(0, "syncsgd")
+        order = {n: i for i, n in enumerate(COMPRESSORS)}
+        return sorted(names, key=lambda n: (order.get(n, len(order)), n))
+
+
+@dataclass(frozen=True)
+class Network:
+    """The link every worker sees. `efficiency` is the fraction of `bandwidth_bps` a collective achieves."""
+
+    world_size: int
+    bandwidth_bps: float
+    latency_s: float = 0.0
+    efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        if int(self.world_size) != self.world_size or self.world_size < 1:
+            raise InputError(f"world size {self.world_size!r}: expected an integer >= 1")
+        if not (self.bandwidth_bps > 0 and math.isfinite(self.bandwidth_bps)):
+            raise InputError(f"bandwidth {self.bandwidth_bps!r} bit/s: expected a positive finite rate")
+        if self.latency_s < 0 or not math.isfinite(self.latency_s):
+            raise InputError(f"latency {self.latency_s!r} s: expected >= 0")
+        if not (0 < self.efficiency <= 1):
+            raise InputError(f"efficiency {self.efficiency!r}: expected a fraction in (0, 1]")
+
+
+@dataclass(frozen=True)
+class BucketTimeline:
+    index: int
+    ready_s: float  # wall time (from backward start) when the bucket was handed to the hook
+    comm_start_s: float
+    comm_end_s: float
+    done_s: float  # decoded
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted iteration of one compressor on one network. Phase sums are totals, not just the exposed part."""
+
+    compressor: str
+    world_size: int
+    bandwidth_bps: float
+    iter_time_s: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    encode_s: float
+    comm_s: float
+    decode_s: float
+    samples_per_s: float  # global: world_size * batch_size / iter_time_s
+    hook_blocks_backward: bool
+    timeline: tuple[BucketTimeline, ...] = ()
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def exposed_s(self) -> float:
+        """Time the iteration spends beyond pure compute (communication and codec work that was not hidden)."""
+        return self.iter_time_s - self.compute_s
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """Where a compressor's predicted time equals the baseline's, within [low_bps, high_bps].
+
+    kind: "crossover" (bandwidth_bps set), "always" (compressor faster across the range), "never" (never faster).
+    wins_below: for a crossover, True when the compressor is faster below `bandwidth_bps` (the usual case).
+    """
+
+    compressor: str
+    baseline: str
+    kind: str
+    bandwidth_bps: float | None
+    low_bps: float
+    high_bps: float
+    wins_below: bool | None = None
+    crossings_bps: tuple[float, ...] = ()
+
+    def describe(self, fmt: Callable[[float], str] | None = None) -> str:
+        fmt = fmt or _fmt_bps
+        if self.kind == "always":
+            return f"always faster ({fmt(self.low_bps)}..{fmt(self.high_bps)})"
+        if self.kind == "never":
+            return f"never faster ({fmt(self.low_bps)}..{fmt(self.high_bps)})"
+        side = "below" if self.wins_below else "above"
+        return f"{fmt(self.bandwidth_bps)} (faster {side})"
+
+
+def _fmt_bps(bps: float | None) -> str:
+    if bps is None:
+        return "-"
+    for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.3g}{unit}"
+    return f"{bps:.3g}bit"
+
+
+# --------------------------------------------------------------------------------------------- profiles I/O
+def _req(d: Mapping[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise InputError(f"{where}: missing key {key!r} (schema {PROFILE_SCHEMA})")
+    return d[key]
+
+
+def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
+    """Validate and convert a `testbed.profile/1` JSON object."""
+    if not isinstance(d, Mapping):
+        raise InputError(f"{source}: expected a JSON object, got {type(d).__name__}")
+    schema = d.get("schema")
+    if schema != PROFILE_SCHEMA:
+        raise InputError(f"{source}: schema {schema!r} is not supported; expected {PROFILE_SCHEMA!r}")
+    try:
+        buckets = tuple(
+            GradBucket(
+                int(_req(b, "index", source)),
+                int(_req(b, "grad_bytes", source)),
+                int(b.get("numel", 0)),
+                float(_req(b, "ready_at_s", source)),
+            )
+            for b in _req(d, "buckets", source)
+        )
+        if not buckets:
+            raise InputError(f"{source}: 'buckets' is empty; expected at least one DDP bucket")
+        comps: dict[str, CompressorProfile] = {}
+        for name, c in (d.get("compressors") or {}).items():
+            where = f"{source}: compressor {name!r}"
+            collective = _req(c, "collective", where)
+            if collective not in COLLECTIVES:
+                raise InputError(f"{where}: collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+            rounds = int(_req(c, "rounds", where))
+            if rounds < 1:
+                raise InputError(f"{where}: rounds {rounds}; expected >= 1")
+            cb = tuple(
+                CodecBucket(
+                    int(_req(b, "index", where)),
+                    int(_req(b, "payload_bytes", where)),
+                    float(b.get("encode_s", 0.0)),
+                    float(b.get("decode_s", 0.0)),
+                )
+                for b in _req(c, "buckets", where)
+            )
+            missing = {b.index for b in buckets} - {b.index for b in cb}
+            if missing:
+                raise InputError(f"{where}: no entry for bucket(s) {sorted(missing)}; expected one per DDP bucket")
+            comps[name] = CompressorProfile(name, collective, rounds, cb, dict(c.get("options") or {}))
+        return Profile(
+            model=str(_req(d, "model", source)),
+            batch_size=int(_req(d, "batch_size", source)),
+            forward_s=float(_req(d, "forward_s", source)),
+            backward_s=float(_req(d, "backward_s", source)),
+            optimizer_s=float(d.get("optimizer_s", 0.0)),
+            buckets=buckets,
+            compressors=comps,
+            device=str(d.get("device", "cpu")),
+            image_size=d.get("image_size"),
+            seq_len=d.get("seq_len"),
+            bucket_cap_mb=float(d.get("bucket_cap_mb", 25.0)),
+            torch_version=str(d.get("torch_version", "")),
+            hostname=str(d.get("hostname", "")),
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{source}: malformed profile ({exc}); expected schema {PROFILE_SCHEMA}") from exc
+
+
+def load_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"profile {path}: no such file; expected a JSON file written by `testbed profile`")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"profile {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    return profile_from_dict(data, source=f"profile {path}")
+
+
+def profile_filename(model: str, batch_size: int, device: str) -> str:
+    return f"{model}-bs{batch_size}-{device}.json"
+
+
+def find_profiles(directory: str | Path) -> list[Profile]:
+    """Every readable profile in a directory (unreadable files are skipped: the report notes what it used)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    out = []
+    for p in sorted(directory.glob("*.json")):
+        try:
+            out.append(load_profile(p))
+        except InputError:
+            continue
+    return out
+
+
+def pick_profile(profiles: Iterable[Profile], model: str, batch_size: int | None = None) -> Profile | None:
+    """The profile for `model`, preferring the same batch size, then the closest one."""
+    cands = [p for p in profiles if p.model == model]
+    if not cands:
+        return None
+    if batch_size is None:
+        return cands[0]
+    return min(cands, key=lambda p: (abs(p.batch_size - batch_size), p.batch_size))
+
+
+# --------------------------------------------------------------------------------------------- cost formulas
+def allreduce_time_s(n_bytes: float, world_size: int, bandwidth_bps: float, latency_s: float = 0.0,
+                     efficiency: float = 1.0, rounds: int = 1) -> float:
+    """Ring all-reduce of `n_bytes` in total over `rounds` dependent rounds: 2(p-1)a*r + 2(p-1)/p * 8n/B_eff."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * latency_s * rounds + 2 * (p - 1) / p * 8.0 * n_bytes / (bandwidth_bps * efficiency)
+
+
+def allgather_time_s(n_bytes_per_worker: float, world_size: int, bandwidth_bps: float, latency_s: float = 0.0,
+                     efficiency: float = 1.0, rounds: int = 1) -> float:
+    """Ring all-gather of `n_bytes_per_worker` from each worker: (p-1)a*r + (p-1) * 8n_c/B_eff."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    return (p - 1) * latency_s * rounds + (p - 1) * 8.0 * n_bytes_per_worker / (bandwidth_bps * efficiency)
+
+
+def collective_time_s(collective: str, n_bytes: float, rounds: int, net: Network) -> float:
+    if collective == "allreduce":
+        fn = allreduce_time_s
+    elif collective == "allgather":
+        fn = allgather_time_s
+    else:
+        raise InputError(f"collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+    return fn(n_bytes, net.world_size, net.bandwidth_bps, net.latency_s, net.efficiency, rounds)
+
+
+# --------------------------------------------------------------------------------------------- iteration model
+def predict_iteration(profile: Profile, compressor: str, net: Network, *,
+                      hook_blocks_backward: bool = True) -> Prediction:
+    """Predicted time of one training iteration with `compressor` on `net` (see the module docstring)."""
+    comp = profile.compressor(compressor)
+    f, bw, opt = profile.forward_s, profile.backward_s, profile.optimizer_s
+    p = net.world_size
+    blocks = hook_blocks_backward and compressor not in NATIVE_COMPRESSORS
+
+    def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
+        return Prediction(compressor, p, net.bandwidth_bps, iter_s, f, bw, opt, enc, comm, dec,
+                          p * profile.batch_size / iter_s if iter_s > 0 else math.inf, blocks, tl)
+
+    if p == 1:
+        return result(f + bw + opt, 0.0, 0.0, 0.0, ())
+
+    codec = {b.index: b for b in comp.buckets}
+    timeline: list[BucketTimeline] = []
+    enc_total = comm_total = dec_total = 0.0
+    if blocks:
+        stall = 0.0  # how long the backward stream has been held by hooks so far
+        end = 0.0
+        for g in profile.buckets:
+            c = codec[g.index]
+            comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net)
+            start = max(g.ready_at_s + stall, end)
+            comm_start = start + c.encode_s
+            end = comm_start + comm + c.decode_s
+            stall = end - g.ready_at_s
+            timeline.append(BucketTimeline(g.index, start, comm_start, comm_start + comm, end))
+            enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
+        backward_end = max(bw + stall, end)
+    else:
+        codec_free = link_free = 0.0
+        last_done = 0.0
+        for g in profile.buckets:
+            c = codec[g.index]
+            comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net)
+            enc_end = max(g.ready_at_s, codec_free) + c.encode_s
+            codec_free = enc_end
+            comm_start = max(enc_end, link_free)
+            link_free = comm_start + comm
+            done = link_free + c.decode_s
+            last_done = max(last_done, done)
+            timeline.append(BucketTimeline(g.index, g.ready_at_s, comm_start, link_free, done))
+            enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
+        backward_end = max(bw, last_done)
+    return result(f + backward_end + opt, enc_total, comm_total, dec_total, tuple(timeline))
+
+
+def predict_curves(profile: Profile, world_size: int, bandwidths_bps: Sequence[float], *,
+                   compressors: Sequence[str] | None = None, latency_s: float = 0.0, efficiency: float = 1.0,
+                   hook_blocks_backward: bool = True) -> dict[str, list[Prediction]]:
+    """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth."""
+    names = list(compressors) if compressors else profile.compressor_names()
+    out: dict[str, list[Prediction]] = {}
+    for name in names:
+        out[name] = [
+            predict_iteration(profile, name, Network(world_size, float(b), latency_s, efficiency),
+                              hook_blocks_backward=hook_blocks_backward)
+            for b in bandwidths_bps
+        ]
+    return out
+
+
+def log_grid(low_bps: float, high_bps: float, points: int) -> list[float]:
+    """`points` bandwidths evenly spaced in log between low and high, both included."""
+    if not (0 < low_bps <= high_bps):
+        raise InputError(f"bandwidth range {low_bps!r}..{high_bps!r}: expected 0 < low <= high")
+    if points < 1:
+        raise InputError(f"points {points}: expected >= 1")
+    if points == 1 or low_bps == high_bps:
+        return [float(low_bps)]
+    step = math.log(high_bps / low_bps) / (points - 1)
+    grid = [low_bps * math.exp(i * step) for i in range(points)]
+    grid[-1] = float(high_bps)
+    return grid
+
+
+def find_crossover(diff: Callable[[float], float], low_bps: float, high_bps: float, *, points: int = 64,
+                   rel_tol: float = 1e-6) -> tuple[str, float | None, bool | None, tuple[float, ...]]:
+    """Roots of `diff(B) = t_compressor(B) - t_baseline(B)` on a log grid, refined by bisection in log(B).
+
+    Returns (kind, bandwidth_bps, wins_below, all crossings). Compressor "wins" where diff < 0.
+    With several crossings, the reported one is the highest win->lose crossing (the bandwidth above which the
+    compressor stops paying), or else the lowest lose->win crossing.
+    """
+    grid = log_grid(low_bps, high_bps, max(points, 2))
+    vals = [diff(b) for b in grid]
+    wins = [v < 0 for v in vals]
+    if all(wins):
+        return "always", None, None, ()
+    if not any(wins):
+        return "never", None, None, ()
+    crossings: list[tuple[float, bool]] = []
+    for i in range(len(grid) - 1):
+        if wins[i] == wins[i + 1]:
+            continue
+        lo, hi = grid[i], grid[i + 1]
+        lo_wins = wins[i]
+        while hi / lo > 1 + rel_tol:
+            mid = math.sqrt(lo * hi)
+            if (diff(mid) < 0) == lo_wins:
+                lo = mid
+            else:
+                hi = mid
+        crossings.append((math.sqrt(lo * hi), lo_wins))
+    win_to_lose = [b for b, wb in crossings if wb]
+    if win_to_lose:
+        return "crossover", win_to_lose[-1], True, tuple(b for b, _ in crossings)
+    return "crossover", crossings[0][0], False, tuple(b for b, _ in crossings)
+
+
+def crossover(profile: Profile, compressor: str, world_size: int, low_bps: float, high_bps: float, *,
+              baseline: str = "syncsgd", latency_s: float = 0.0, efficiency: float = 1.0,
+              hook_blocks_backward: bool = True, points: int = 64) -> Crossover:
+    """Bandwidth B* in [low, high] where `compressor`'s predicted iteration time equals `baseline`'s."""
+
+    def t(name: str, b: float) -> float:
+        return predict_iteration(profile, name, Network(world_size, b, latency_s, efficiency),
+                                 hook_blocks_backward=hook_blocks_backward).iter_time_s
+
+    kind, b_star, wins_below, crossings = find_crossover(
+        lambda b: t(compressor, b) - t(baseline, b), low_bps, high_bps, points=points)
+    return Crossover(compressor, baseline, kind, b_star, float(low_bps), float(high_bps), wins_below, crossings)
+
+
+@dataclass(frozen=True)
+class SpeedupSummary:
+    compressor: str
+    baseline: str
+    max_speedup: float
+    at_bps: float
+    crossover: Crossover
+
+
+def summarize(profile: Profile, world_size: int, bandwidths_bps: Sequence[float], *, baseline: str = "syncsgd",
+              compressors: Sequence[str] | None = None, latency_s: float = 0.0, efficiency: float = 1.0,
+              hook_blocks_backward: bool = True) -> dict[str, SpeedupSummary]:
+    """Best speedup over `baseline` in the range, and the crossover, per compressor."""
+    names = list(compressors) if compressors else profile.compressor_names()
+    curves = predict_curves(profile, world_size, bandwidths_bps, compressors=sorted(set(names) | {baseline}),
+                            latency_s=latency_s, efficiency=efficiency, hook_blocks_backward=hook_blocks_backward)
+    base = curves[baseline]
+    lo, hi = min(bandwidths_bps), max(bandwidths_bps)
+    out = {}
+    for name in names:
+        speedups = [b.iter_time_s / c.iter_time_s for b, c in zip(base, curves[name], strict=True)]
+        i = max(range(len(speedups)), key=speedups.__getitem__)
+        cx = (crossover(profile, name, world_size, lo, hi, baseline=baseline, latency_s=latency_s,
+                        efficiency=efficiency, hook_blocks_backward=hook_blocks_backward)
+              if lo < hi else Crossover(name, baseline, "always" if speedups[0] > 1 else "never", None, lo, hi))
+        out[name] = SpeedupSummary(name, baseline, speedups[i], float(bandwidths_bps[i]), cx)
+    return out
+
+
+# --------------------------------------------------------------------------------------------- what-if knobs
+def with_compute_speedup(profile: Profile, k: float) -> Profile:
+    """The same model on hardware whose forward, backward and optimizer run k times faster."""
+    if not k > 0:
+        raise InputError(f"compute speedup {k!r}: expected > 0")
+    return replace(
+        profile,
+        forward_s=profile.forward_s / k,
+        backward_s=profile.backward_s / k,
+        optimizer_s=profile.optimizer_s / k,
+        buckets=tuple(replace(b, ready_at_s=b.ready_at_s / k) for b in profile.buckets),
+    )
+
+
+def with_codec_speedup(profile: Profile, k: float) -> Profile:
+    """Encode and decode of every compressor k times faster (better kernels, not a different algorithm)."""
+    if not k > 0:
+        raise InputError(f"codec speedup {k!r}: expected > 0")
+    comps = {
+        name: replace(c, buckets=tuple(replace(b, encode_s=b.encode_s / k, decode_s=b.decode_s / k)
+                                       for b in c.buckets))
+        for name, c in profile.compressors.items()
+    }
+    return replace(profile, compressors=comps)
+
+
+def what_if(profile: Profile, *, compute_speedup: float = 1.0, codec_speedup: float = 1.0) -> Profile:
+    """Both knobs at once. More workers and another model are arguments of the predictors (world_size, profile)."""
+    out = profile
+    if compute_speedup != 1.0:
+        out = with_compute_speedup(out, compute_speedup)
+    if codec_speedup != 1.0:
+        out = with_codec_speedup(out, codec_speedup)
+    return out
+
+
+def fit_efficiency(predicted_comm_s: Sequence[float], measured_comm_s: Sequence[float]) -> float:
+    """Efficiency that makes the model's bandwidth-bound communication time match measurement (median ratio).
+
+    Pass communication times predicted at efficiency 1.0 (and no latency) and the measured ones of the same
+    trials. The result is clamped to (0, 1].
+    """
+    ratios = sorted(p / m for p, m in zip(predicted_comm_s, measured_comm_s, strict=True) if m > 0 and p > 0)
+    if not ratios:
+        raise InputError("cannot fit efficiency: no trial with positive predicted and measured communication time")
+    n = len(ratios)
+    med = ratios[n // 2] if n % 2 else 0.5 * (ratios[n // 2 - 1] + ratios[n // 2])
+    return min(1.0, max(1e-6, med))
+
+
+# --------------------------------------------------------------------------------------------- synthetic profiles
+# name: (collective, rounds, payload/grad ratio, encode_s, decode_s) for the whole model; plausible CPU magnitudes
+# for a ResNet-18-sized model, meant for docs, demos and tests, not as measurements.
+SYNTHETIC_CODECS: dict[str, tuple[str, int, float, float, float]] = {
+    "syncsgd": ("allreduce", 1, 1.0, 0.0, 0.0),
+    "fp16": ("allreduce", 1, 0.5, 0.002, 0.002),
+    "bf16": ("allreduce", 1, 0.5, 0.002, 0.002),
+    "powersgd": ("allreduce", 2, 0.01, 0.020, 0.010),
+    "acpsgd": ("allreduce", 1, 0.005, 0.010, 0.005),
+    "signsgd": ("allgather", 1, 1 / 32, 0.005, 0.010),
+    "topk": ("allgather", 1, 0.02, 0.030, 0.010),
+    "mstopk": ("allgather", 1, 0.02, 0.010, 0.010),
+}
+
+
+def synthetic_profile_dict(model: str = "synthetic", batch_size: int = 32, *, forward_s: float = 0.03,
+                           backward_s: float = 0.06, optimizer_s: float = 0.005, grad_bytes: int = 46_800_000,
+                           n_buckets: int = 2,
+                           codecs: Mapping[str, tuple[str, int, float, float, float]] | None = None) -> dict:
+    """A `testbed.profile/1` dict built from a handful of numbers (buckets equal, ready evenly over backward).
+
+    `codecs` maps compressor name to (collective, rounds, payload/grad ratio, encode_s, decode_s) totals.
+    """
+    codecs = SYNTHETIC_CODECS if codecs is None else codecs
+    per = grad_bytes // n_buckets
+    buckets = [{"index": i, "grad_bytes": per, "numel": per // 4, "ready_at_s": backward_s * (i + 1) / n_buckets}
+               for i in range(n_buckets)]
+    comps = {
+        name: {"options": {}, "collective": coll, "rounds": rounds,
+               "buckets": [{"index": i, "payload_bytes": int(per * ratio), "encode_s": enc / n_buckets,
+                            "decode_s": dec / n_buckets} for i in range(n_buckets)]}
+        for name, (coll, rounds, ratio, enc, dec) in codecs.items()
+    }
+    return {"schema": PROFILE_SCHEMA, "model": model, "batch_size": batch_size, "image_size": None,
+            "seq_len": None, "device": "cpu", "torch_version": "", "hostname": "synthetic", "bucket_cap_mb": 25.0,
+            "forward_s": forward_s, "backward_s": backward_s, "optimizer_s": optimizer_s, "buckets": buckets,
+            "compressors": comps}
+
+
+def profile_to_dict(profile: Profile) -> dict:
+    """Inverse of `profile_from_dict` (for storing a profile after a what-if)."""
+    return {
+        "schema": PROFILE_SCHEMA, "model": profile.model, "batch_size": profile.batch_size,
+        "image_size": profile.image_size, "seq_len": profile.seq_len, "device": profile.device,
+        "torch_version": profile.torch_version, "hostname": profile.hostname, "bucket_cap_mb": profile.bucket_cap_mb,
+        "forward_s": profile.forward_s, "backward_s": profile.backward_s, "optimizer_s": profile.optimizer_s,
+        "buckets": [{"index": b.index, "grad_bytes": b.grad_bytes, "numel": b.numel, "ready_at_s": b.ready_at_s}
+                    for b in profile.buckets],
+        "compressors": {
+            n: {"options": dict(c.options), "collective": c.collective, "rounds": c.rounds,
+                "buckets": [{"index": b.index, "payload_bytes": b.payload_bytes, "encode_s": b.encode_s,
+                             "decode_s": b.decode_s} for b in c.buckets]}
+            for n, c in profile.compressors.items()
+        },
+    }
