@@ -1,0 +1,142 @@
+"""What shaping one link means: the LinkShape a user asks for, and the qdisc plan derived from it.
+
+The plan is pure data (no netlink): `tc.py` applies it through pyroute2 and `render_tc()` prints the equivalent
+`tc` command lines for `--dry-run`, so the command-building logic is testable without root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from shaping.units import format_rate, format_size
+from testbed.errors import InputError
+
+# The testbed's qdiscs carry this major handle ("7e57" reads "test"): it marks them as ours.
+OWNED_MAJOR = 0x7E57
+ROOT_HANDLE = OWNED_MAJOR << 16  # 7e57:
+CLASS_HANDLE = ROOT_HANDLE | 1  # 7e57:1, the one class every packet goes to
+NETEM_HANDLE = 0x7E58 << 16  # 7e58:, netem below the rate limiter (delay/loss)
+
+QDISC_KINDS = ("htb", "tbf")
+TBF_MAX_RATE_BPS = (2**32 - 1) * 8  # tbf packs the rate as 32-bit bytes/s: about 34.36 Gbit/s
+MIN_BURST_BYTES = 64 * 1024  # GSO/TSO segments reach 64 KB: a smaller bucket starves them
+BURST_TIME_S = 1e-3  # default bucket: about 1 ms of data at the rate
+MAX_QUANTUM_BYTES = 200_000  # above this the kernel warns "quantum of class is big"
+TBF_LATENCY_S = 0.05  # queue tbf may build before dropping (what the papers' tc line used)
+ETH_HEADER_BYTES = 14
+TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps 12
+
+
+def default_burst_bytes(rate_bps: int) -> int:
+    """About 1 ms of data at the rate, never below 64 KB: 1G 125 KB, 10G 1.25 MB, 100G 12.5 MB."""
+    return max(MIN_BURST_BYTES, math.ceil(rate_bps / 8 * BURST_TIME_S))
+
+
+def default_quantum_bytes(rate_bps: int, mtu: int = 1500) -> int:
+    """HTB quantum: rate/1000 clamped to [one frame, 200 KB] so the kernel neither warns nor starves."""
+    return int(min(MAX_QUANTUM_BYTES, max(mtu + ETH_HEADER_BYTES, rate_bps // 8 // 1000)))
+
+
+def ideal_goodput_bps(rate_bps: float, mtu: int = 1500) -> float:
+    """TCP payload rate on a link shaped at rate_bps (the shaper counts L2 bytes): 0.956 x rate at MTU 1500."""
+    return rate_bps * (mtu - TCP_IP_HEADER_BYTES) / (mtu + ETH_HEADER_BYTES)
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkShape:
+    """How one direction of one link is shaped. Validated on construction."""
+
+    rate_bps: int
+    burst_bytes: int | None = None  # None: default_burst_bytes(rate_bps)
+    qdisc: str = "htb"
+    delay_s: float = 0.0
+    jitter_s: float = 0.0
+    loss_pct: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.qdisc not in QDISC_KINDS:
+            raise InputError(f"--qdisc {self.qdisc!r}: unknown; accepted {', '.join(QDISC_KINDS)}")
+        if self.qdisc == "tbf" and self.rate_bps > TBF_MAX_RATE_BPS:
+            raise InputError(
+                f"--bw {format_rate(self.rate_bps)} is above tbf's 32-bit limit of {format_rate(TBF_MAX_RATE_BPS)} "
+                "(rate is packed as bytes/s in 32 bits); use --qdisc htb, which takes 64-bit rates"
+            )
+        if self.burst_bytes is not None and self.burst_bytes < 1600:
+            raise InputError(
+                f"--burst {self.burst_bytes}b is smaller than one frame; accepted at least 1600 bytes"
+            )
+        if self.jitter_s and not self.delay_s:
+            raise InputError("--jitter needs --delay: jitter is a variation around a delay")
+
+    @property
+    def effective_burst_bytes(self) -> int:
+        return self.burst_bytes if self.burst_bytes is not None else default_burst_bytes(self.rate_bps)
+
+    @property
+    def quantum_bytes(self) -> int:
+        return default_quantum_bytes(self.rate_bps)
+
+    @property
+    def needs_netem(self) -> bool:
+        return bool(self.delay_s or self.jitter_s or self.loss_pct)
+
+    def describe(self) -> str:
+        text = f"{self.qdisc} {format_rate(self.rate_bps)} burst {format_size(self.effective_burst_bytes)}"
+        if self.delay_s:
+            text += f" delay {self.delay_s * 1e3:g}ms"
+        if self.jitter_s:
+            text += f"±{self.jitter_s * 1e3:g}ms"
+        if self.loss_pct:
+            text += f" loss {self.loss_pct:g}%"
+        return text
+
+    def to_dict(self) -> dict:
+        return {
+            "qdisc": self.qdisc,
+            "rate_bps": self.rate_bps,
+            "burst_bytes": self.effective_burst_bytes,
+            "quantum_bytes": self.quantum_bytes if self.qdisc == "htb" else None,
+            "delay_s": self.delay_s,
+            "jitter_s": self.jitter_s,
+            "loss_pct": self.loss_pct,
+        }
+
+
+def _handle(h: int) -> str:
+    major, minor = h >> 16, h & 0xFFFF
+    return f"{major:x}:" if minor == 0 else f"{major:x}:{minor:x}"
+
+
+def render_tc(ifname: str, shape: LinkShape, netns: str | None = None) -> list[str]:
+    """The `tc` command lines equivalent to applying `shape` on `ifname` (what --dry-run prints)."""
+    tc = f"tc -n {netns}" if netns else "tc"
+    rate = f"{shape.rate_bps}bit"
+    burst = f"{shape.effective_burst_bytes}b"
+    lines: list[str] = []
+    if shape.qdisc == "htb":
+        lines.append(f"{tc} qdisc replace dev {ifname} root handle {_handle(ROOT_HANDLE)} htb default 1")
+        lines.append(
+            f"{tc} class replace dev {ifname} parent {_handle(ROOT_HANDLE)} classid {_handle(CLASS_HANDLE)} htb "
+            f"rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {shape.quantum_bytes}"
+        )
+    else:
+        lines.append(
+            f"{tc} qdisc replace dev {ifname} root handle {_handle(ROOT_HANDLE)} tbf rate {rate} burst {burst} "
+            f"latency {TBF_LATENCY_S * 1e3:g}ms"
+        )
+    if shape.needs_netem:
+        netem = f"{tc} qdisc replace dev {ifname} parent {_handle(CLASS_HANDLE)} handle {_handle(NETEM_HANDLE)} netem"
+        if shape.delay_s:
+            netem += f" delay {shape.delay_s * 1e6:g}us"
+            if shape.jitter_s:
+                netem += f" {shape.jitter_s * 1e6:g}us"
+        if shape.loss_pct:
+            netem += f" loss {shape.loss_pct:g}%"
+        lines.append(netem)
+    return lines
+
+
+def render_clear(ifname: str, netns: str | None = None) -> list[str]:
+    tc = f"tc -n {netns}" if netns else "tc"
+    return [f"{tc} qdisc del dev {ifname} root handle {_handle(ROOT_HANDLE)}"]
