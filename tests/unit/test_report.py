@@ -1,0 +1,170 @@
+"""Report: synthetic results frames in, PNGs / self-contained HTML / Markdown headline out; bad input is clear."""
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from testbed import perfmodel as pm
+from testbed.errors import InputError
+from testbed.report import build_report, measured_crossover, report_from_dir
+
+COLUMNS = [
+    "schema_version", "trial_id", "status", "error", "started_at", "wall_s", "backend", "cluster_name", "host_count",
+    "world_size", "rate_bps", "burst_bytes", "qdisc", "delay_s", "measured_goodput_bps", "ideal_goodput_bps", "model",
+    "batch_size", "image_size", "seq_len", "compressor", "compressor_options", "iters", "warmup_iters", "seed",
+    "serial", "bucket_cap_mb", "torch_version", "python_version", "kernel", "dist_backend", "device",
+    "testbed_version", "hostname", "iter_time_s_mean", "iter_time_s_p5", "iter_time_s_p50", "iter_time_s_p95",
+    "samples_per_s", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s",
+    "payload_bytes_per_iter", "wire_tx_bytes_per_iter", "wire_rx_bytes_per_iter",
+]
+
+
+def row(i, model, ws, rate, comp, t, status="ok", options="{}"):
+    return {
+        "schema_version": 1, "trial_id": f"t{i:04d}", "status": status, "error": None if status == "ok" else "boom",
+        "started_at": "2026-11-30T05:00:00+00:00", "wall_s": 10.0, "backend": "local", "cluster_name": "tb",
+        "host_count": ws, "world_size": ws, "rate_bps": rate, "burst_bytes": 125000, "qdisc": "htb", "delay_s": 0.0,
+        "measured_goodput_bps": rate * 0.95 if rate else 7e9, "ideal_goodput_bps": rate * 0.956, "model": model,
+        "batch_size": 32, "image_size": 64, "seq_len": None, "compressor": comp, "compressor_options": options,
+        "iters": 20, "warmup_iters": 3, "seed": 0, "serial": False, "bucket_cap_mb": 25.0,
+        "torch_version": "2.14.1", "python_version": "3.11", "kernel": "6.1", "dist_backend": "gloo",
+        "device": "cpu", "testbed_version": "0.1.0", "hostname": "h",
+        "iter_time_s_mean": t, "iter_time_s_p5": t * 0.9, "iter_time_s_p50": t, "iter_time_s_p95": t * 1.2,
+        "samples_per_s": ws * 32 / t if status == "ok" else None, "forward_s": 0.03, "backward_s": 0.06,
+        "encode_s": 0.01, "comm_s": max(t - 0.1, 0.0), "decode_s": 0.005, "optimizer_s": 0.005,
+        "payload_bytes_per_iter": 1000, "wire_tx_bytes_per_iter": 1100, "wire_rx_bytes_per_iter": 1100,
+    }
+
+
+# Measured times (s) per (world size, rate): syncsgd, fp16, powersgd. Designed so the counts are known:
+# vs syncsgd, fp16 wins at 10M/100M (4 cfgs: 2 ws), powersgd wins at 10M/100M; both lose at 1G.
+TIMES = {
+    10_000_000: (40.0, 20.0, 0.5),
+    100_000_000: (4.0, 2.0, 0.2),
+    1_000_000_000: (0.2, 0.25, 0.3),
+}
+
+
+def synthetic_frame(world_sizes=(2, 4), model="resnet18"):
+    rows, i = [], 0
+    for ws in world_sizes:
+        for rate, times in TIMES.items():
+            for comp, t in zip(("syncsgd", "fp16", "powersgd"), times, strict=True):
+                rows.append(row(i, model, ws, rate, comp, t * (1 + 0.1 * (ws - 2)),
+                                options='{"rank": 4}' if comp == "powersgd" else "{}"))
+                i += 1
+    rows.append(row(i, model, world_sizes[0], 10_000_000, "topk", 1.0, status="failed"))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict(model="resnet18", batch_size=32))
+    return build_report(synthetic_frame(), out, profiles=[prof])
+
+
+def test_report_writes_figures_html_markdown(report):
+    names = sorted(p.name for p in report.figures)
+    assert names == sorted([
+        "time_vs_bw_resnet18_bs32_p2.png", "time_vs_bw_resnet18_bs32_p4.png", "phases_resnet18_bs32_p2.png",
+        "phases_resnet18_bs32_p4.png", "scaling_resnet18_bs32.png"])
+    for p in report.figures:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    html = report.html.read_text()
+    assert html.count("src='data:image/png;base64,") == len(report.figures)
+    assert "://" not in html  # self-contained: no external URL of any kind
+    assert not re.search(r"""(src|href)\s*=\s*['"](?!data:)""", html)
+
+
+def test_headline_counts_n_of_m(report):
+    # 2 world sizes x 3 rates x 2 compressors (fp16, powersgd[rank=4]) = 12 configurations; wins at 2 rates each
+    assert (report.wins, report.configurations) == (8, 12)
+    md = report.markdown.read_text()
+    assert "Compression beat fp32 sync SGD (syncsgd) in 8 of 12 configurations" in md
+    assert "1 failed" in md and "18 ok" in md
+    assert "powersgd[rank=4]" in md
+
+
+def test_speedup_matrix_and_crossovers(report):
+    m = report.tables["speedups"]
+    r = m[(m["world_size"] == 2) & (m["bandwidth"] == "10mbit")].iloc[0]
+    assert r["fp16"] == "2.00x" and r["powersgd[rank=4]"] == "80.00x" and r["syncsgd"] == "1.00x"
+    cx = report.tables["crossovers"]
+    p2 = cx[(cx["world_size"] == 2) & (cx["compressor"] == "fp16")].iloc[0]
+    # fp16 speedup 2.0 at 100M, 0.8 at 1G: log-interpolated crossing between them
+    assert 1e8 < p2["measured_bps"] < 1e9
+    assert p2["predicted"] != "no profile"
+
+
+def test_prediction_error_table_covers_ok_trials(report):
+    err = report.tables["errors"]
+    assert len(err) == 18  # every ok trial; the failed one is not predicted
+    assert set(err["compressor"]) == {"syncsgd", "fp16", "powersgd[rank=4]"}
+    assert err["predicted_ms"].gt(0).all()
+
+
+def test_sixteen_bit_baseline_excludes_dense(tmp_path):
+    res = build_report(synthetic_frame(world_sizes=(2,)), tmp_path, baseline="fp16")
+    # only powersgd counts against fp16: 3 rates; it wins at 10M (40x) and 100M (10x), loses at 1G
+    assert (res.wins, res.configurations) == (2, 3)
+    assert "the 16-bit all-reduce baseline (fp16) in 2 of 3" in res.headline
+    assert any("no profile found" in n for n in res.notes)
+
+
+def test_group_without_baseline_is_noted_not_crashing(tmp_path):
+    df = synthetic_frame(world_sizes=(2,))
+    df = df[df["compressor"] != "syncsgd"]
+    res = build_report(df, tmp_path)
+    assert res.configurations == 0
+    assert any("no ok syncsgd trials; reported without speedups" in n for n in res.notes)
+    assert "in 0 of 0 configurations" in res.markdown.read_text()
+
+
+def test_measured_crossover_kinds():
+    assert measured_crossover([1e7, 1e8], [2.0, 1.5]) == ("always", None)
+    assert measured_crossover([1e7, 1e8], [0.5, 0.9]) == ("never", None)
+    kind, b = measured_crossover([1e7, 1e9], [10.0, 0.1])
+    assert kind == "crossover" and b == pytest.approx(1e8)
+    assert measured_crossover([1e7], [2.0])[0] == "n/a"
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(InputError, match="no trials found"):
+        build_report(pd.DataFrame(columns=COLUMNS), tmp_path)
+    with pytest.raises(InputError, match="missing column"):
+        build_report(synthetic_frame().drop(columns=["iter_time_s_p50"]), tmp_path)
+    df = synthetic_frame()
+    with pytest.raises(InputError, match="no trial with status ok"):
+        build_report(df.assign(status="failed"), tmp_path)
+    with pytest.raises(InputError, match="schema_version 2 is not supported"):
+        build_report(df.assign(schema_version=2), tmp_path)
+    with pytest.raises(InputError, match="expected one of syncsgd, fp16, bf16"):
+        build_report(df, tmp_path, baseline="topk")
+    with pytest.raises(InputError, match="does not exist"):
+        report_from_dir(tmp_path / "nope", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no results files"):
+        report_from_dir(tmp_path / "empty", tmp_path / "out")
+
+
+def test_mixed_schema_versions_are_noted(tmp_path):
+    df = synthetic_frame(world_sizes=(2,))
+    df.loc[df.index[:3], "schema_version"] = 2
+    res = build_report(df, tmp_path)
+    assert any("mixed schema versions" in n and "3 trial(s)" in n for n in res.notes)
+
+
+def test_report_from_parquet_dir_with_profiles(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    synthetic_frame(world_sizes=(2,)).to_parquet(results / "trials.parquet")
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "resnet18-bs32-cpu.json").write_text(json.dumps(pm.synthetic_profile_dict("resnet18", 32)))
+    res = report_from_dir(results, tmp_path / "out", profiles_dir=profiles)
+    assert res.html.exists() and (tmp_path / "out" / "speedups.csv").exists()
+    assert "profiles used: resnet18 bs32 (cpu)" in res.markdown.read_text()
+    assert len(res.tables["errors"]) == 9
