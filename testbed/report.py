@@ -210,7 +210,7 @@ def measured_crossover(rates_bps: Sequence[float], speedups: Sequence[float]) ->
 
 def _describe_cx(kind: str, b: float | None) -> str:
     if kind == "crossover":
-        return fmt_rate(b)
+        return pm._fmt_bps(b)
     return kind
 
 
@@ -263,10 +263,15 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _legend(ax) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+def _legend(ax, *more) -> None:
+    """One legend right of `ax`, outside the data, with the unique entries of `ax` and `more` axes."""
+    seen: dict[str, object] = {}
+    for a in (ax, *more):
+        for h, label in zip(*a.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, h)
+    if seen:
+        ax.legend(list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+                  frameon=False)
 
 
 def plot_time_vs_bandwidth(g: pd.DataFrame, key: tuple, baseline: str, colors: dict[str, str],
@@ -313,16 +318,21 @@ def plot_time_vs_bandwidth(g: pd.DataFrame, key: tuple, baseline: str, colors: d
             ax_t.axvline(mb, color=colors[v], linestyle=":", linewidth=1.5)
             ax_s.axvline(mb, color=colors[v], linestyle=":", linewidth=1.5)
         if v in curves and base_curve is not None and shaped:
-            pc = pm.crossover(prof, v.split("[")[0], int(ws), shaped[0] / 2, shaped[-1] * 2, baseline=baseline,
+            lo_bps, hi_bps = shaped[0] / 10, shaped[-1] * 100
+            pc = pm.crossover(prof, v.split("[")[0], int(ws), lo_bps, hi_bps, baseline=baseline,
                               latency_s=s.latency_s + delay, efficiency=s.efficiency,
                               hook_blocks_backward=s.hook_blocks_backward)
-            row["predicted"] = pc.describe(fmt_rate) if pc.kind == "crossover" else pc.kind
+            row["predicted"] = (pc.describe() if pc.kind == "crossover"
+                                else f"{pc.kind} ({pm._fmt_bps(lo_bps)}..{pm._fmt_bps(hi_bps)})")
             row["predicted_bps"] = pc.bandwidth_bps
-            if pc.bandwidth_bps:
+            if pc.bandwidth_bps and grid[0] <= pc.bandwidth_bps <= grid[-1]:
                 ax_t.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
                 ax_s.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
         cx_rows.append(row)
     ax_s.axhline(1.0, color="black", linewidth=1)
+    sp_vals = g["speedup"].dropna()
+    if len(sp_vals) and (sp_vals.max() / max(sp_vals.min(), 1e-12) > 10):
+        ax_s.set_yscale("log")
     for ax in (ax_t, ax_s):
         ax.set_xscale("log")
         ax.grid(True, which="both", alpha=0.3)
@@ -368,8 +378,7 @@ def plot_scaling(gm: pd.DataFrame, key: tuple, colors: dict[str, str], prof: pm.
             d = d_rate[d_rate["variant"] == v].sort_values("world_size")
             ax_tp.plot(d["world_size"], d["samples_per_s"], "o", color=colors[v], label=f"{v} measured")
             if single:
-                ax_eff.plot(d["world_size"], d["samples_per_s"] / (d["world_size"] * single), "o", color=colors[v],
-                            label=v)
+                ax_eff.plot(d["world_size"], d["samples_per_s"] / (d["world_size"] * single), "o", color=colors[v])
             c = v.split("[")[0]
             if prof is not None and rate > 0 and c in prof.compressor_names():
                 delay = float(d["delay_s"].median()) if d["delay_s"].notna().any() else 0.0
@@ -384,14 +393,16 @@ def plot_scaling(gm: pd.DataFrame, key: tuple, colors: dict[str, str], prof: pm.
             ax_tp.plot(p_grid, [p * single for p in p_grid], "k--", linewidth=1, label="ideal linear")
             ax_eff.axhline(1.0, color="black", linestyle="--", linewidth=1)
         ax_tp.set_title(f"{fmt_rate(rate)}", fontsize=10)
-        ax_tp.set_ylabel("throughput (samples/s, all workers)")
-        ax_eff.set_ylabel("scaling efficiency (fraction of linear)")
+        ax_tp.set_yscale("log")
+        if j == 0:
+            ax_tp.set_ylabel("throughput (samples/s, all workers, log)")
+            ax_eff.set_ylabel("scaling efficiency (fraction of linear)")
         ax_eff.set_xlabel("workers")
         for ax in (ax_tp, ax_eff):
             ax.grid(True, alpha=0.3)
-            ax.set_xticks(sizes)
+            ax.set_xticks(sorted({1, *(int(x) for x in sizes)}))
     fig.suptitle(f"{_group_label(model, bs)}: scaling per bandwidth (points measured, lines model)", fontsize=11)
-    _legend(axes[0, -1])
+    _legend(axes[0, -1], *axes.ravel())
     return _save(fig, path)
 
 
@@ -416,11 +427,12 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
                 label="iteration (p50)")
         ax.set_xticks(x, list(d["variant"]), rotation=45, ha="right", fontsize=8)
         ax.set_title(fmt_rate(rate), fontsize=10)
-        ax.set_ylabel("time per iteration (ms)")
+        if ax is axes[0]:
+            ax.set_ylabel("time per iteration (ms)")
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(f"{_group_label(model, bs, ws)}: per-phase time (phases overlap: bars can exceed the iteration)",
                  fontsize=10)
-    _legend(axes[-1])
+    _legend(axes[-1], *axes)
     return _save(fig, path)
 
 
@@ -524,7 +536,7 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, baseline: str = "sync
                 f"hooks {'block' if hook_blocks_backward else 'overlap'} backward; "
                 f"profiles used: {', '.join(sorted({f'{p.model} bs{p.batch_size} ({p.device})' for p in profiles})) or 'none'}")
     err_summary = (errors.assign(abs_error_pct=errors["error_pct"].abs()).groupby("compressor")["abs_error_pct"]
-                   .median().reset_index().rename(columns={"abs_error_pct": "median |error| %"})
+                   .median().reset_index().rename(columns={"abs_error_pct": "median abs error %"})
                    if not errors.empty else pd.DataFrame())
     cx_show = crossovers.drop(columns=["measured_bps", "predicted_bps"])
 
