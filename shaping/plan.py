@@ -63,9 +63,7 @@ class LinkShape:
                 "(rate is packed as bytes/s in 32 bits); use --qdisc htb, which takes 64-bit rates"
             )
         if self.burst_bytes is not None and self.burst_bytes < 1600:
-            raise InputError(
-                f"--burst {self.burst_bytes}b is smaller than one frame; accepted at least 1600 bytes"
-            )
+            raise InputError(f"--burst {self.burst_bytes}b is smaller than one frame; accepted at least 1600 bytes")
         if self.jitter_s and not self.delay_s:
             raise InputError("--jitter needs --delay: jitter is a variation around a delay")
 

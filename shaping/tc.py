@@ -122,7 +122,8 @@ def _apply_rate(ipr: IPRoute, index: int, ifname: str, shape: LinkShape, existin
     if existing_kind is not None and existing_kind != shape.qdisc:
         _del_root(ipr, index, ROOT_HANDLE)
     if shape.qdisc == "htb":
-        ipr.tc("replace", "htb", index, ROOT_HANDLE, default=1)
+        if existing_kind != "htb":  # htb cannot "change" its root in place: keep it and replace the class
+            ipr.tc("replace", "htb", index, ROOT_HANDLE, default=1)
         ipr.tc(
             "replace-class",
             "htb",
@@ -136,9 +137,7 @@ def _apply_rate(ipr: IPRoute, index: int, ifname: str, shape: LinkShape, existin
             quantum=shape.quantum_bytes,
         )
     else:
-        ipr.tc(
-            "replace", "tbf", index, ROOT_HANDLE, rate=rate_bytes_s, burst=burst, latency=TBF_LATENCY_S * 1e6
-        )
+        ipr.tc("replace", "tbf", index, ROOT_HANDLE, rate=rate_bytes_s, burst=burst, latency=TBF_LATENCY_S * 1e6)
 
 
 def apply(ifname: str, shape: LinkShape, *, netns: str | None = None, force: bool = False) -> dict[str, Any]:
@@ -176,9 +175,7 @@ def apply(ifname: str, shape: LinkShape, *, netns: str | None = None, force: boo
     return {"ifname": ifname, "netns": netns, "replaced_foreign": saved, **shape.to_dict()}
 
 
-def _rollback(
-    ipr: IPRoute, index: int, ifname: str, netns: str | None, restore: bool, previous: list[dict]
-) -> None:
+def _rollback(ipr: IPRoute, index: int, ifname: str, netns: str | None, restore: bool, previous: list[dict]) -> None:
     """Put back what was there before a failed apply: our previous shaping, or the saved foreign tree."""
     if _ownership(_root(ipr, index)) == "owned":
         with contextlib.suppress(NetlinkError):
@@ -258,9 +255,7 @@ def _replay(ipr: IPRoute, index: int, ifname: str, messages: list[dict], where_s
         try:
             msg_type = RTM_NEWQDISC if m["kind"] == "qdisc" else RTM_NEWTCLASS
             # IPRoute.nlm_request() of pyroute2 0.9.7 trips over a missing status key; use the generator it wraps
-            tuple(
-                ipr._generate_with_cleanup(ipr.asyncore.nlm_request, msg, msg_type, flags, None, None, None)
-            )
+            tuple(ipr._generate_with_cleanup(ipr.asyncore.nlm_request, msg, msg_type, flags, None, None, None))
         except NetlinkError as e:
             if e.code == errno.EEXIST and m["kind"] == "class":
                 continue  # classes a classful qdisc makes by itself (tbf 1:1) are back already
@@ -317,9 +312,7 @@ def show(ifname: str, *, netns: str | None = None) -> dict[str, Any]:
             out["rate_bps"], out["burst_bytes"] = rate_bytes * 8, _ticks_to_bytes(parms["buffer"], rate_bytes)
         elif kind == "htb":
             for cls in ipr.get_classes(index=index):
-                if cls["handle"] == CLASS_HANDLE or (
-                    not out["owned"] and cls["parent"] in (root["handle"], TC_H_ROOT)
-                ):
+                if cls["handle"] == CLASS_HANDLE or (not out["owned"] and cls["parent"] in (root["handle"], TC_H_ROOT)):
                     out["rate_bps"], out["burst_bytes"] = _rate_from_class(cls.get_attr("TCA_OPTIONS"))
                     break
         for q in ipr.get_qdiscs(index=index):

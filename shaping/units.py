@@ -120,8 +120,8 @@ def format_rate(bps: float) -> str:
     """Human form of a rate in bits/s, in the units tc and users write: 9.5gbit, 100mbit, 500kbit."""
     for unit, scale in (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
         if bps >= scale:
-            return f"{_fmt_num(bps / scale)}{unit}"
-    return f"{_fmt_num(bps)}bit"
+            return f"{bps / scale:.4g}{unit}"
+    return f"{bps:.4g}bit"
 
 
 def format_size(size_bytes: float) -> str:

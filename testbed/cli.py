@@ -1,0 +1,421 @@
+"""The `testbed` command.
+
+Every error is one line on stderr: bad input exits 2 before anything changes, a failure while working exits 1 after
+rolling back. `--debug` shows the traceback. Read commands take `--json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from shaping.plan import LinkShape, render_clear, render_tc
+from shaping.units import format_rate, format_size, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_s
+from testbed.cluster import registry
+from testbed.errors import InputError, TestbedError
+
+console = Console(width=None if sys.stdout.isatty() else 140)
+err_console = Console(stderr=True)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the testbed's convention: one line, exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        sys.exit(2)
+
+
+# ---------------------------------------------------------------------------------------------- shared flags
+def add_name(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--name",
+        default=os.environ.get("TESTBED_CLUSTER", registry.DEFAULT_CLUSTER),
+        help="cluster to address (default: %(default)s, or $TESTBED_CLUSTER)",
+    )
+
+
+def add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_shape_flags(p: argparse.ArgumentParser, bw_required: bool = False) -> None:
+    p.add_argument("--bw", required=bw_required, help="link rate, e.g. 100mbit, 1gbit, 9.5gbit (bits/s)")
+    p.add_argument("--burst", help="token bucket size, e.g. 125kb (default: 1 ms of data at the rate, >= 64 KB)")
+    p.add_argument("--qdisc", default="htb", help="htb (default, 64-bit rates) or tbf (up to ~34 Gbit/s)")
+    p.add_argument("--delay", help="one-way delay added by netem, e.g. 5ms (needs sch_netem)")
+    p.add_argument("--jitter", help="delay variation, e.g. 1ms (needs --delay)")
+    p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
+    p.add_argument("--force", action="store_true", help="replace a root qdisc the testbed did not create")
+
+
+def shape_from_args(args: argparse.Namespace) -> LinkShape | None:
+    """The LinkShape the flags ask for; None when no --bw is given. Raises InputError on bad values."""
+    if not getattr(args, "bw", None):
+        for flag in ("burst", "delay", "jitter", "loss"):
+            if getattr(args, flag, None):
+                raise InputError(f"--{flag} needs --bw: shaping starts from a rate")
+        return None
+    return LinkShape(
+        rate_bps=parse_rate_bps(args.bw, "--bw"),
+        burst_bytes=parse_size_bytes(args.burst, "--burst") if args.burst else None,
+        qdisc=args.qdisc,
+        delay_s=parse_time_s(args.delay, "--delay") if args.delay else 0.0,
+        jitter_s=parse_time_s(args.jitter, "--jitter") if args.jitter else 0.0,
+        loss_pct=parse_percent(args.loss, "--loss") if args.loss else 0.0,
+    )
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- cluster commands
+def cmd_up(args: argparse.Namespace) -> int:
+    shape = shape_from_args(args)
+    if args.inventory:
+        from testbed.lab_cli import lab_up
+
+        return lab_up(args, shape)
+    from testbed.cluster.local import DEFAULT_SUBNET, LocalCluster
+
+    cluster, created = LocalCluster.up(
+        args.name,
+        args.hosts,
+        shape=shape,
+        subnet=args.subnet or DEFAULT_SUBNET,
+        recreate=args.recreate,
+        force=args.force,
+    )
+    verified = _verify(cluster, shape) if args.verify else None
+    if args.json:
+        print_json({"created": created, **cluster.status(), "probe": verified})
+        return 0
+    what = "up" if created else "already up (same parameters)"
+    console.print(
+        f"cluster [bold]{cluster.name}[/]: {len(cluster.hosts())} hosts {what}, "
+        f"{shape.describe() if shape else 'unshaped'} on every link"
+    )
+    _print_hosts(cluster.status())
+    return 0
+
+
+def _verify(cluster, shape: LinkShape | None) -> list[dict]:
+    from shaping.probe import DEFAULT_TOLERANCE, probe_pair
+    from testbed.errors import ProbeError
+
+    hosts = cluster.hosts()
+    if len(hosts) < 2:
+        return []
+    result = probe_pair(cluster, hosts[0], hosts[1], requested_bps=shape.rate_bps if shape else None, duration_s=1.0)
+    if not result.within(DEFAULT_TOLERANCE):
+        raise ProbeError(
+            f"verification failed: {hosts[0].name}->{hosts[1].name} achieved {format_rate(result.achieved_bps)} "
+            f"vs ideal {format_rate(result.ideal_goodput_bps)} ({result.ratio:.2f}); shaping is not doing what was asked"
+        )
+    console.print(
+        f"verified: {hosts[0].name}->{hosts[1].name} {format_rate(result.achieved_bps)} "
+        f"({result.ratio:.3f} of ideal goodput)"
+        if result.ratio
+        else "verified (unshaped)"
+    )
+    return [result.to_dict()]
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from testbed.cluster.local import LocalCluster, all_testbed_clusters
+
+    names = all_testbed_clusters() if args.all else [registry.check_name(args.name)]
+    if args.all:
+        names += [n for n in registry.recorded_names() if n not in names]
+    removed_any = False
+    for name in names:
+        record = registry.load_record(name)
+        if record and record.get("backend") == "lab":
+            from testbed.lab_cli import lab_down
+
+            lab_down(name)
+            removed_any = True
+            console.print(f"cluster [bold]{name}[/]: lab shaping cleared, rank processes ended")
+            continue
+        removed = LocalCluster.down(name)
+        removed_any = removed_any or bool(removed) or record is not None
+        if removed or record:
+            console.print(f"cluster [bold]{name}[/]: removed {len(removed)} namespaces")
+    if not removed_any:
+        console.print("nothing to remove" if args.all else f"cluster {args.name!r} is not up; nothing to remove")
+    return 0
+
+
+def _print_hosts(status: dict) -> None:
+    table = Table(title=f"cluster {status['name']} ({status['backend']})")
+    for col in ("host", "address", "iface", "namespace", "upload", "download", "tx bytes", "drops"):
+        table.add_column(col)
+    for h in status["hosts"]:
+        links = h.get("links", {})
+        up, down = links.get("upload", {}), links.get("download", {})
+        table.add_row(
+            h["name"],
+            h["address"],
+            h["data_iface"],
+            str(h.get("netns") or "-"),
+            _link_text(up),
+            _link_text(down),
+            str(up.get("sent_bytes", "-")),
+            f"{up.get('drops', 0)}/{down.get('drops', 0)}",
+        )
+    console.print(table)
+
+
+def _link_text(link: dict) -> str:
+    if not link or not link.get("owned"):
+        return "unshaped" if link else "-"
+    burst = f" burst {format_size(link['burst_bytes'])}" if link.get("burst_bytes") else ""
+    return f"{link['qdisc']} {format_rate(link['rate_bps'])}{burst}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.all:
+        data = [registry.open_cluster(n).status() for n in registry.recorded_names()]
+        if args.json:
+            print_json(data)
+        else:
+            for status in data:
+                _print_hosts(status)
+            if not data:
+                console.print("no cluster is up")
+        return 0
+    status = registry.open_cluster(args.name).status()
+    if args.json:
+        print_json(status)
+    else:
+        _print_hosts(status)
+    return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise InputError("exec needs a command: testbed exec HOST -- CMD [ARGS...]")
+    cluster = registry.open_cluster(args.name)
+    host = cluster.host(args.host)
+    if cluster.backend == "local":
+        os.execvp("ip", ["ip", "netns", "exec", host.netns, *argv])  # hand the terminal to the command
+    done = cluster.run(host, argv, timeout_s=args.timeout)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    return done.returncode
+
+
+def _selected_hosts(cluster, spec: str | None):
+    if not spec:
+        return None
+    return [cluster.host(n.strip()) for n in spec.split(",") if n.strip()]
+
+
+def cmd_shape(args: argparse.Namespace) -> int:
+    shape = shape_from_args(args)
+    if shape is None and not args.clear:
+        raise InputError("shape needs --bw RATE or --clear")
+    if shape is not None and args.clear:
+        raise InputError("--bw and --clear exclude each other")
+    cluster = registry.open_cluster(args.name)
+    hosts = _selected_hosts(cluster, args.hosts)
+    if args.dry_run:
+        for _, direction, ns, ifname in cluster.links(hosts):
+            lines = render_clear(ifname, ns) if args.clear else render_tc(ifname, shape, ns)
+            sys.stdout.write(f"# {direction} {ns}/{ifname}\n" + "\n".join(lines) + "\n")
+        return 0
+    if args.clear:
+        cluster.clear_shaping(hosts)
+        console.print(f"cluster {cluster.name}: shaping cleared on {'all hosts' if hosts is None else args.hosts}")
+    else:
+        cluster.apply_shaping(shape, hosts, force=args.force)
+        console.print(
+            f"cluster {cluster.name}: {shape.describe()} on "
+            f"{'every link' if hosts is None else args.hosts} (both directions)"
+        )
+    if args.verify:
+        _verify(cluster, shape)
+    return 0
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    from shaping.probe import check_probe_args, probe_pair, ring_pairs
+
+    streams = _int_list(args.streams, "--streams")
+    for s in streams:
+        check_probe_args(args.duration, s)
+    cluster = registry.open_cluster(args.name)
+    hosts = cluster.hosts()
+    if args.pairs:
+        pairs = []
+        for spec in args.pairs.split(","):
+            src, _, dst = spec.partition(":")
+            if not dst:
+                raise InputError(f"--pairs {spec!r}: expected SRC:DST, e.g. h0:h1")
+            pairs.append((cluster.host(src), cluster.host(dst)))
+    else:
+        pairs = ring_pairs(hosts)[: args.max_pairs]
+    shape = cluster.recorded_shape() if hasattr(cluster, "recorded_shape") else None
+    requested = shape.rate_bps if shape else None
+    results = []
+    with console.status("probing with iperf3...") if not args.json else _null():
+        for src, dst in pairs:
+            for s in streams:
+                results.append(
+                    probe_pair(cluster, src, dst, requested_bps=requested, duration_s=args.duration, streams=s)
+                )
+    bad = [r for r in results if not r.within(args.tolerance)]
+    if args.json:
+        print_json({"tolerance": args.tolerance, "results": [r.to_dict() for r in results], "ok": not bad})
+    else:
+        table = Table(title=f"iperf3 probe, cluster {cluster.name} ({args.duration:g} s per run)")
+        for col in (
+            "src",
+            "dst",
+            "streams",
+            "requested",
+            "ideal goodput",
+            "achieved",
+            "achieved/ideal",
+            "retransmits",
+            "",
+        ):
+            table.add_column(col, justify="right")
+        for r in results:
+            table.add_row(
+                r.src,
+                r.dst,
+                str(r.streams),
+                format_rate(r.requested_bps) if r.requested_bps else "unshaped",
+                format_rate(r.ideal_goodput_bps) if r.ideal_goodput_bps else "-",
+                format_rate(r.achieved_bps),
+                f"{r.ratio:.3f}" if r.ratio else "-",
+                str(r.retransmits),
+                "ok" if r.within(args.tolerance) else "[red]OUT OF TOLERANCE[/]",
+            )
+        console.print(table)
+    return 1 if bad else 0
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,4") from None
+    if not values:
+        raise InputError(f"{flag}: empty; expected comma-separated integers, e.g. 1,4")
+    return values
+
+
+# ---------------------------------------------------------------------------------------------- parser
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="testbed", description="Network-shaping testbed for gradient compression.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+
+    p = sub.add_parser("up", help="bring up a cluster (emulated hosts, or lab hosts with --inventory)")
+    add_name(p)
+    add_json(p)
+    p.add_argument("--hosts", type=int, default=4, help="number of emulated hosts (default 4)")
+    p.add_argument("--subnet", help="private IPv4 subnet for host addresses (default 10.77.0.0/24)")
+    p.add_argument("--recreate", action="store_true", help="tear down an existing cluster of this name first")
+    p.add_argument("--verify", action="store_true", help="probe h0->h1 with iperf3 after shaping")
+    p.add_argument("--inventory", help="Ansible inventory of lab hosts (instead of emulated hosts)")
+    p.add_argument("--accept-new-host-keys", action="store_true", help="lab: trust unknown SSH host keys")
+    p.add_argument("--allow-cpu", action="store_true", help="lab: accept hosts without the GPUs the inventory lists")
+    p.add_argument("--no-provision", action="store_true", help="lab: skip the provision playbook")
+    add_shape_flags(p)
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("down", help="remove everything a cluster made (idempotent; also after a crash)")
+    add_name(p)
+    p.add_argument("--all", action="store_true", help="every testbed cluster on this machine")
+    p.set_defaults(func=cmd_down)
+
+    p = sub.add_parser("status", help="hosts, addresses, per-link shaping and counters")
+    add_name(p)
+    add_json(p)
+    p.add_argument("--all", action="store_true", help="every cluster that is up")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("exec", help="run a command on a host: testbed exec h1 -- ip addr")
+    add_name(p)
+    p.add_argument("host")
+    p.add_argument("--timeout", type=float, default=600.0, help="lab hosts: seconds before the command is ended")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD")
+    p.set_defaults(func=cmd_exec)
+
+    p = sub.add_parser("shape", help="change shaping live on every link (or --hosts)")
+    add_name(p)
+    add_shape_flags(p)
+    p.add_argument("--hosts", help="comma-separated host names (default: all)")
+    p.add_argument("--clear", action="store_true", help="remove shaping, restoring what was there")
+    p.add_argument("--dry-run", action="store_true", help="print the equivalent tc commands, change nothing")
+    p.add_argument("--verify", action="store_true", help="probe h0->h1 with iperf3 afterwards")
+    p.set_defaults(func=cmd_shape)
+
+    p = sub.add_parser("probe", help="measure achieved throughput between hosts with iperf3")
+    add_name(p)
+    add_json(p)
+    p.add_argument("--streams", default="1", help="parallel TCP streams, comma-separated runs (default 1), e.g. 1,4")
+    p.add_argument("--duration", type=float, default=2.0, help="seconds per iperf3 run (default 2)")
+    p.add_argument("--pairs", help="SRC:DST pairs, e.g. h0:h1,h2:h3 (default: a ring over all hosts)")
+    p.add_argument("--max-pairs", type=int, default=4, help="at most this many ring pairs (default 4)")
+    p.add_argument("--tolerance", type=float, default=0.93, help="flag achieved/ideal below this (default 0.93)")
+    p.set_defaults(func=cmd_probe)
+
+    for register in _extensions():
+        register(sub)
+    return parser
+
+
+def _extensions() -> list[Callable]:
+    """Subcommands that live beside their subject (run/sweep/results, profile/predict/report)."""
+    out = []
+    for module in ("testbed.run_cli", "testbed.model_cli"):
+        try:
+            mod = __import__(module, fromlist=["add_commands"])
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue
+        out.append(mod.add_commands)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except TestbedError as e:
+        if args.debug:
+            raise
+        err_console.print(f"testbed {args.command}: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        err_console.print(f"testbed {args.command}: interrupted; what it had started was rolled back", markup=False)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""The embedded default cluster: N emulated hosts on this machine.
+
+Each host is a network namespace `tb-<cluster>-h<i>` with one data interface `eth0`, joined by a veth pair to a
+bridge `br0` in a switch namespace `tb-<cluster>-sw`, so the machine's own network is never touched:
+
+    h0:eth0 ==veth== sw:h0 --+
+    h1:eth0 ==veth== sw:h1 --+-- br0   (in namespace tb-<cluster>-sw)
+    ...                      |
+
+Both ends of every veth are shaped: the host side shapes upload, the switch side download. Everything is found
+again by name prefix, so `down` also cleans what a crashed `up` left: it kills processes inside the namespaces first,
+then deletes the namespaces (which removes their veths and qdiscs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from pyroute2 import IPRoute, netns
+
+from shaping import tc
+from shaping.plan import LinkShape
+from testbed.cluster import registry
+from testbed.cluster.base import Cluster, Host, RankProcess
+from testbed.errors import ClusterError, InputError, PermissionDenied
+
+NS_PREFIX = "tb-"
+DATA_IFACE = "eth0"
+BRIDGE = "br0"
+DEFAULT_SUBNET = "10.77.0.0/24"
+MAX_HOSTS = 64
+
+
+def switch_ns(cluster: str) -> str:
+    return f"{NS_PREFIX}{cluster}-sw"
+
+
+def host_ns(cluster: str, index: int) -> str:
+    return f"{NS_PREFIX}{cluster}-h{index}"
+
+
+def cluster_namespaces(cluster: str) -> list[str]:
+    """Namespaces of this cluster that exist now (found by prefix: also those of a crashed `up`)."""
+    prefix = f"{NS_PREFIX}{cluster}-"
+    return sorted(n for n in netns.listnetns() if n.startswith(prefix))
+
+
+def all_testbed_clusters() -> list[str]:
+    names = {n[len(NS_PREFIX) :].rsplit("-", 1)[0] for n in netns.listnetns() if n.startswith(NS_PREFIX)}
+    return sorted(
+        names | {n for n in registry.recorded_names() if (registry.load_record(n) or {}).get("backend") == "local"}
+    )
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise PermissionDenied("the local cluster needs root or CAP_NET_ADMIN (network namespaces, veth, tc)")
+
+
+class LocalRankProcess(RankProcess):
+    def __init__(self, host: Host, popen: subprocess.Popen, log_path: Path):
+        self.host = host
+        self.popen = popen
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        return self.popen.wait(timeout_s)
+
+    def kill_group(self, grace_s: float = 3.0) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # the leader may be gone while children of its group live on: SIGKILL the group regardless
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(grace_s)
+
+
+def _ns_inode(name: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(f"/run/netns/{name}")
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def pids_in_namespace(name: str) -> list[int]:
+    """PIDs whose network namespace is `name` (what `ip netns pids` reports)."""
+    target = _ns_inode(name)
+    if target is None:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry}/ns/net")
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+        if (st.st_dev, st.st_ino) == target:
+            pids.append(int(entry))
+    return pids
+
+
+def kill_namespace_processes(name: str, grace_s: float = 2.0) -> int:
+    """SIGTERM every process inside namespace `name`, SIGKILL what remains after grace_s; returns how many."""
+    pids = pids_in_namespace(name)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (alive := pids_in_namespace(name)):
+            pids = alive
+            time.sleep(0.02)  # polling for exit with a deadline, not synchronising on a guess
+        pids = pids_in_namespace(name)
+        if not pids:
+            break
+    return len(pids)
+
+
+class LocalCluster(Cluster):
+    backend = "local"
+
+    def __init__(self, record: dict[str, Any]):
+        self.record = record
+        self.name = record["name"]
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> LocalCluster:
+        return cls(record)
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def up(
+        cls,
+        name: str,
+        n_hosts: int,
+        *,
+        shape: LinkShape | None = None,
+        subnet: str = DEFAULT_SUBNET,
+        recreate: bool = False,
+        force: bool = False,
+    ) -> tuple[LocalCluster, bool]:
+        """Bring the cluster up; returns (cluster, created). An identical existing cluster is returned as is."""
+        registry.check_name(name)
+        net = _check_subnet(subnet, n_hosts)
+        require_root()
+        with registry.locked(name):
+            existing = registry.load_record(name)
+            wanted = {"hosts": n_hosts, "subnet": str(net), "shape": shape.to_dict() if shape else None}
+            if existing is not None and not recreate:
+                have = {"hosts": len(existing["hosts"]), "subnet": existing["subnet"], "shape": existing.get("shape")}
+                if existing.get("backend") != "local":
+                    raise InputError(f"cluster {name!r} is a {existing.get('backend')} cluster; use another --name")
+                if have == wanted and all(n in netns.listnetns() for n in existing["namespaces"]):
+                    return cls(existing), False
+                raise InputError(
+                    f"cluster {name!r} is already up with {have['hosts']} hosts ({_describe_shape(have['shape'])}); "
+                    f"asked for {n_hosts} hosts ({_describe_shape(wanted['shape'])}). Use --recreate, "
+                    f"`testbed shape`, or `testbed down --name {name}` first"
+                )
+            _destroy(name)  # leftovers of a crashed up, or --recreate
+            record = {
+                "name": name,
+                "backend": "local",
+                "subnet": str(net),
+                "shape": wanted["shape"],
+                "namespaces": [switch_ns(name)] + [host_ns(name, i) for i in range(n_hosts)],
+                "hosts": [
+                    {
+                        "name": f"h{i}",
+                        "address": str(net.network_address + i + 1),
+                        "data_iface": DATA_IFACE,
+                        "netns": host_ns(name, i),
+                        "switch_port": f"h{i}",
+                    }
+                    for i in range(n_hosts)
+                ],
+                "created_at": time.time(),
+            }
+            try:
+                _build(record, net.prefixlen)
+                cluster = cls(record)
+                if shape is not None:
+                    cluster.apply_shaping(shape, force=force)
+                registry.save_record(name, record)
+            except BaseException:
+                _destroy(name)  # a failure (or Ctrl-C) halfway leaves nothing behind
+                raise
+            return cluster, True
+
+    @staticmethod
+    def down(name: str) -> list[str]:
+        """Remove everything of cluster `name` (also a crashed one's leftovers). Returns the namespaces removed."""
+        registry.check_name(name)
+        with registry.locked(name):
+            return _destroy(name)
+
+    # ------------------------------------------------------------------ Cluster interface
+    def hosts(self) -> list[Host]:
+        return [Host(h["name"], h["address"], h["data_iface"], h["netns"]) for h in self.record["hosts"]]
+
+    def _argv(self, host: Host, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", host.netns, *argv]
+
+    def run(self, host: Host, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+        return subprocess.run(self._argv(host, argv), capture_output=True, text=True, timeout=timeout_s, check=False)
+
+    def start(
+        self, host: Host, argv: list[str], *, env: dict[str, str], log_path: Path, workdir: Path | None = None
+    ) -> LocalRankProcess:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                self._argv(host, argv),
+                env=env,
+                cwd=workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        return LocalRankProcess(host, popen, log_path)
+
+    def fetch(self, host: Host, remote_dir: Path, local_dir: Path) -> None:
+        if Path(remote_dir).resolve() != Path(local_dir).resolve():
+            raise ClusterError("local hosts share this machine's filesystem: write results where they are read")
+
+    def links(self, hosts: list[Host] | None = None) -> list[tuple[Host, str, str, str]]:
+        """(host, direction, netns, ifname) for both ends of each host's veth."""
+        out = []
+        for h in hosts or self.hosts():
+            out.append((h, "upload", h.netns, DATA_IFACE))
+            out.append((h, "download", switch_ns(self.name), h.name))
+        return out
+
+    def apply_shaping(self, shape: LinkShape, hosts: list[Host] | None = None, *, force: bool = False) -> list[dict]:
+        """Shape both directions of every (or the given) host's link; all-or-nothing."""
+        applied: list[tuple[str, str]] = []
+        results = []
+        previous = {(ns, ifn): tc.show(ifn, netns=ns) for _, _, ns, ifn in self.links(hosts)}
+        try:
+            for host, direction, ns, ifname in self.links(hosts):
+                results.append(
+                    {"host": host.name, "direction": direction, **tc.apply(ifname, shape, netns=ns, force=force)}
+                )
+                applied.append((ns, ifname))
+        except BaseException:
+            for ns, ifname in applied:  # put back what each link had before this call
+                before = previous[(ns, ifname)]
+                if before["owned"] and before["rate_bps"]:
+                    tc.apply(ifname, LinkShape(before["rate_bps"], before["burst_bytes"], before["qdisc"]), netns=ns)
+                else:
+                    tc.clear(ifname, netns=ns)
+            raise
+        if hosts is None:
+            self._set_recorded_shape(shape.to_dict())
+        return results
+
+    def clear_shaping(self, hosts: list[Host] | None = None) -> None:
+        for _, _, ns, ifname in self.links(hosts):
+            tc.clear(ifname, netns=ns)
+        if hosts is None:
+            self._set_recorded_shape(None)
+
+    def _set_recorded_shape(self, shape: dict | None) -> None:
+        self.record["shape"] = shape
+        if registry.load_record(self.name) is not None:
+            registry.save_record(self.name, self.record)
+
+    def recorded_shape(self) -> LinkShape | None:
+        s = self.record.get("shape")
+        if not s:
+            return None
+        return LinkShape(s["rate_bps"], s["burst_bytes"], s["qdisc"], s["delay_s"], s["jitter_s"], s["loss_pct"])
+
+    def status(self) -> dict[str, Any]:
+        hosts = []
+        for h in self.hosts():
+            links = {}
+            for _, direction, ns, ifname in self.links([h]):
+                links[direction] = {"netns": ns, "ifname": ifname, **tc.show(ifname, netns=ns)}
+            hosts.append(
+                {"name": h.name, "address": h.address, "data_iface": h.data_iface, "netns": h.netns, "links": links}
+            )
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "subnet": self.record["subnet"],
+            "switch_netns": switch_ns(self.name),
+            "shape": self.record.get("shape"),
+            "hosts": hosts,
+        }
+
+
+def _describe_shape(shape: dict | None) -> str:
+    if not shape:
+        return "unshaped"
+    return LinkShape(shape["rate_bps"], shape["burst_bytes"], shape["qdisc"]).describe()
+
+
+def _check_subnet(subnet: str, n_hosts: int) -> ipaddress.IPv4Network:
+    if not isinstance(n_hosts, int) or not 1 <= n_hosts <= MAX_HOSTS:
+        raise InputError(f"--hosts {n_hosts}: accepted 1 to {MAX_HOSTS}")
+    try:
+        net = ipaddress.IPv4Network(subnet, strict=True)
+    except ValueError as e:
+        raise InputError(f"--subnet {subnet!r}: {e}; expected an IPv4 network like {DEFAULT_SUBNET}") from None
+    if not net.is_private:
+        raise InputError(f"--subnet {subnet}: not a private range; emulated hosts use private addresses only")
+    if net.num_addresses - 2 < n_hosts:
+        raise InputError(f"--subnet {subnet} has room for {net.num_addresses - 2} hosts, not {n_hosts}")
+    return net
+
+
+def _build(record: dict[str, Any], prefixlen: int) -> None:
+    sw = switch_ns(record["name"])
+    netns.create(sw)
+    with IPRoute(netns=sw) as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        ipr.link("add", ifname=BRIDGE, kind="bridge")
+        br = ipr.link_lookup(ifname=BRIDGE)[0]
+        ipr.link("set", index=br, state="up")
+        for h in record["hosts"]:
+            netns.create(h["netns"])
+            ipr.link("add", ifname=h["switch_port"], kind="veth", peer={"ifname": DATA_IFACE, "net_ns_fd": h["netns"]})
+            port = ipr.link_lookup(ifname=h["switch_port"])[0]
+            ipr.link("set", index=port, master=br, state="up")
+            with IPRoute(netns=h["netns"]) as hipr:
+                hipr.link("set", index=hipr.link_lookup(ifname="lo")[0], state="up")
+                eth = hipr.link_lookup(ifname=DATA_IFACE)[0]
+                hipr.addr("add", index=eth, address=h["address"], prefixlen=prefixlen)
+                hipr.link("set", index=eth, state="up")
+
+
+def _destroy(name: str) -> list[str]:
+    """Kill processes in, then delete, every namespace of the cluster; forget its record and saved qdiscs."""
+    require_root()
+    removed = []
+    spaces = cluster_namespaces(name)
+    # hosts first, the switch last: processes may only live in host namespaces, but check all
+    for ns in sorted(spaces, key=lambda n: n.endswith("-sw")):
+        kill_namespace_processes(ns)
+        with contextlib.suppress(FileNotFoundError):
+            netns.remove(ns)
+        removed.append(ns)
+    leftover = [n for n in cluster_namespaces(name)]
+    if leftover:
+        raise ClusterError(f"could not remove namespaces {', '.join(leftover)}")
+    for path in tc.backup_dir().glob(f"{NS_PREFIX}{name}-*__*.json") if tc.backup_dir().is_dir() else []:
+        path.unlink(missing_ok=True)
+    registry.delete_record(name)
+    return removed

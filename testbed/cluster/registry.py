@@ -1,0 +1,91 @@
+"""Which clusters exist: one JSON record per cluster name under the state directory, and a lock per name.
+
+The state lives in /run/testbed by default (tmpfs: it vanishes on reboot together with the namespaces it
+describes); `TESTBED_STATE_DIR` moves it (tests use a private one). `open_cluster(name)` returns the backend object
+for a recorded cluster, so commands never need to know which backend a name belongs to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import InputError
+
+DEFAULT_CLUSTER = "tb"
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name or ""):
+        raise InputError(
+            f"--name {name!r}: cluster names are 1-10 characters, a lowercase letter then lowercase letters or digits"
+        )
+    return name
+
+
+def record_path(name: str) -> Path:
+    return state_dir() / "clusters" / f"{check_name(name)}.json"
+
+
+def load_record(name: str) -> dict[str, Any] | None:
+    path = record_path(name)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def save_record(name: str, record: dict[str, Any]) -> None:
+    path = record_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def delete_record(name: str) -> None:
+    record_path(name).unlink(missing_ok=True)
+
+
+def recorded_names() -> list[str]:
+    folder = state_dir() / "clusters"
+    return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+
+
+@contextlib.contextmanager
+def locked(name: str) -> Iterator[None]:
+    """Serialise changes to one cluster (two `up`s of the same name must not interleave)."""
+    path = state_dir() / "locks" / f"{check_name(name)}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def open_cluster(name: str):
+    """The backend object of a recorded cluster; InputError when no cluster of that name is up."""
+    record = load_record(name)
+    if record is None:
+        up = ", ".join(recorded_names()) or "none"
+        raise InputError(f"no cluster named {name!r} is up (clusters up: {up}); start one with `testbed up`")
+    if record.get("backend") == "lab":
+        from testbed.cluster.lab import LabCluster
+
+        return LabCluster.from_record(record)
+    from testbed.cluster.local import LocalCluster
+
+    return LocalCluster.from_record(record)
