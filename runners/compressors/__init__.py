@@ -1,0 +1,66 @@
+"""Gradient compressors as DDP communication hooks.
+
+``get(name, **options) -> (state, hook)`` builds one, ready for ``ddp_model.register_comm_hook(state, hook)``
+(or ``attach(ddp_model, state, hook)``, which also handles syncsgd's built-in mode); ``names()`` lists them.
+Bad or inapplicable options raise a one-line ``ValueError`` naming the value and what is accepted.
+Each state exposes ``warmup_iters`` (iterations before every step is compressed), ``stats`` (a
+``runners.timing.CommStats`` the runner reads and resets each iteration), ``state_dict()``/``load_state_dict()``,
+and the class attributes ``COLLECTIVE`` ("allreduce"|"allgather") and ``ROUNDS`` (dependent collectives per step).
+"""
+
+from __future__ import annotations
+
+from runners.compressors import acpsgd, bf16, fp16, mstopk, powersgd, signsgd, syncsgd, topk
+from runners.compressors.base import CompressorState, FlatBucket
+
+_MODULES = {
+    "syncsgd": syncsgd,
+    "fp16": fp16,
+    "bf16": bf16,
+    "powersgd": powersgd,
+    "acpsgd": acpsgd,
+    "signsgd": signsgd,
+    "topk": topk,
+    "mstopk": mstopk,
+}
+
+__all__ = ["get", "names", "options_of", "attach", "CompressorState", "FlatBucket"]
+
+
+def names() -> list[str]:
+    return list(_MODULES)
+
+
+def options_of(name: str) -> tuple[str, ...]:
+    """The user options ``name`` accepts."""
+    _check_name(name)
+    return _MODULES[name].STATE.HYPERPARAMS
+
+
+def _check_name(name: str) -> None:
+    if name not in _MODULES:
+        raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(_MODULES)}")
+
+
+def get(name: str, process_group=None, **options):
+    """Build compressor ``name``: returns ``(state, hook)``. ``process_group`` None means the default group."""
+    _check_name(name)
+    mod = _MODULES[name]
+    accepted = mod.STATE.HYPERPARAMS
+    for key in options:
+        if key not in accepted:
+            raise ValueError(
+                f"option {key!r} does not apply to {name}; {name} accepts: {', '.join(accepted) or 'no options'}"
+            )
+    return mod.STATE(process_group=process_group, **options), mod.HOOK
+
+
+def attach(ddp_model, state: CompressorState, hook) -> None:
+    """Register the hook on a DDP model; for syncsgd in builtin mode register nothing (DDP's C++ all-reduce) and
+    record the dense gradient bytes for the payload accounting."""
+    if getattr(state, "builtin", False):
+        state.dense_bytes = sum(
+            p.numel() * p.element_size() for p in ddp_model.module.parameters() if p.requires_grad
+        )
+        return
+    ddp_model.register_comm_hook(state, hook)
