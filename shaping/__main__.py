@@ -1,0 +1,396 @@
+"""Host-side shaping CLI: what the Ansible role and the lab backend run on each host (one code path with local mode).
+
+    python -m shaping apply --dev IFACE --bw RATE [--burst SIZE] [--qdisc htb|tbf] [--ingress] [--netns NS]
+                            [--delay T] [--jitter T] [--loss PCT] [--force] [--force-mgmt-iface]
+                            [--confirm-within SECONDS] [--dry-run] [--json]
+    python -m shaping confirm  --dev IFACE [--netns NS] [--json]    keep the pending change (ends its timer)
+    python -m shaping rollback --dev IFACE [--netns NS] [--json]    undo the pending change now
+    python -m shaping clear    --dev IFACE [--ingress] [--netns NS] [--json]
+    python -m shaping show     --dev IFACE [--netns NS] [--json]
+    python -m shaping kernel-check [--json]                          which qdiscs/actions this kernel offers
+
+`apply` is declarative: the interface ends up with exactly the requested egress shaping, plus ingress shaping (ifb)
+when --ingress is given (without it a testbed ingress redirect is removed). Nothing is changed when the interface
+already matches ("changed": false). With --confirm-within N the change is undone after N seconds unless `confirm`
+runs (see shaping/commit_confirm.py). The interface that carries an SSH session (normally the controller's) is refused
+unless --force-mgmt-iface. Errors print one line; bad input exits 2 before anything changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from shaping import commit_confirm, ingress, tc
+from shaping.plan import LinkShape, render_tc
+from shaping.units import format_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_s
+from testbed.errors import InputError, ShapingError, TestbedError
+
+BURST_TOLERANCE = 0.02  # burst read back from ticks rounds; within 2% it is the same plan
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        raise InputError(f"{self.prog}: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m shaping", description="Shape a host's NIC (egress, and ingress via ifb).")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    def common(sp: argparse.ArgumentParser, dev: bool = True) -> None:
+        if dev:
+            sp.add_argument("--dev", required=True, help="interface to shape (the data NIC)")
+            sp.add_argument("--netns", help="network namespace of the interface (default: this one)")
+        sp.add_argument("--json", action="store_true", help="print JSON")
+        sp.add_argument("--state-dir", help=argparse.SUPPRESS)
+
+    a = sub.add_parser("apply", help="shape an interface")
+    common(a)
+    a.add_argument("--bw", required=True, help="rate, e.g. 200mbit, 9gbit (bits/s)")
+    a.add_argument("--burst", help="bucket size, e.g. 1.25mb (default: 1 ms of data, at least 64 KB)")
+    a.add_argument("--qdisc", default="htb", choices=("htb", "tbf"))
+    a.add_argument("--ingress", action="store_true", help="also shape what arrives (ifb redirect)")
+    a.add_argument("--delay", help="added delay, e.g. 5ms (needs netem)")
+    a.add_argument("--jitter", help="delay variation, e.g. 1ms (needs netem)")
+    a.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs netem)")
+    a.add_argument("--force", action="store_true", help="replace a root/ingress qdisc the testbed did not create")
+    a.add_argument("--force-mgmt-iface", action="store_true", help="shape even the interface carrying the SSH session")
+    a.add_argument(
+        "--mgmt-addr", action="append", default=[], help="also protect the interface that routes to this address"
+    )
+    a.add_argument("--confirm-within", type=float, help="undo unless `confirm` runs within this many seconds")
+    a.add_argument("--dry-run", action="store_true", help="print the equivalent tc commands, change nothing")
+
+    for name, text in (
+        ("confirm", "keep the pending shaping change"),
+        ("rollback", "undo the pending shaping change now"),
+        ("show", "read back the shaping of an interface"),
+    ):
+        common(sub.add_parser(name, help=text))
+    c = sub.add_parser("clear", help="remove the testbed's shaping (egress and ingress)")
+    common(c)
+    c.add_argument("--ingress", action="store_true", help="accepted for symmetry: clear always removes both")
+    common(sub.add_parser("kernel-check", help="probe qdisc support in a throwaway namespace"), dev=False)
+    return p
+
+
+def _shape(args: argparse.Namespace) -> LinkShape:
+    return LinkShape(
+        rate_bps=parse_rate_bps(args.bw, "--bw"),
+        burst_bytes=parse_size_bytes(args.burst, "--burst") if args.burst else None,
+        qdisc=args.qdisc,
+        delay_s=parse_time_s(args.delay, "--delay") if args.delay else 0.0,
+        jitter_s=parse_time_s(args.jitter, "--jitter") if args.jitter else 0.0,
+        loss_pct=parse_percent(args.loss, "--loss") if args.loss else 0.0,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- lockout protection
+def ssh_client_addresses(environ: dict[str, str] | None = None) -> list[str]:
+    """Client addresses of the SSH session this process runs in (SSH_CONNECTION / SSH_CLIENT)."""
+    env = os.environ if environ is None else environ
+    out = []
+    for var in ("SSH_CONNECTION", "SSH_CLIENT"):
+        parts = env.get(var, "").split()
+        if parts:
+            addr = parts[0].split("%")[0]
+            try:
+                ip = ipaddress.ip_address(addr)
+            except ValueError:
+                continue
+            if getattr(ip, "ipv4_mapped", None):
+                ip = ip.ipv4_mapped
+            if str(ip) not in out:
+                out.append(str(ip))
+    return out
+
+
+def _sshd_peer_addresses() -> list[str]:
+    """Remote addresses of established TCP connections to a port an sshd listens on (any user's SSH session)."""
+    try:
+        import psutil
+
+        conns = psutil.net_connections(kind="tcp")
+    except Exception:  # noqa: BLE001 - best effort: SSH_CONNECTION is the primary source
+        return []
+    ports = {22}
+    for c in conns:
+        if c.status == "LISTEN" and c.pid:
+            try:
+                if psutil.Process(c.pid).name().startswith("sshd"):
+                    ports.add(c.laddr.port)
+            except Exception:  # noqa: BLE001
+                continue
+    return sorted({c.raddr.ip for c in conns if c.status == "ESTABLISHED" and c.raddr and c.laddr.port in ports})
+
+
+def management_interfaces(extra_addresses: list[str] = (), netns: str | None = None) -> dict[str, str]:
+    """Interfaces whose shaping could cut off the controller: {ifname: why}. Routes each SSH client address (and
+    `extra_addresses`) to its output device, then adds that device's lower devices (VLAN parent, bridge/bond ports)."""
+    from pyroute2 import IPRoute
+
+    addresses = [(a, "SSH session from") for a in ssh_client_addresses()]
+    addresses += [(a, "SSH session from") for a in _sshd_peer_addresses() if a not in ssh_client_addresses()]
+    addresses += [(a, "--mgmt-addr") for a in extra_addresses]
+    out: dict[str, str] = {}
+    with IPRoute(netns=netns) if netns else IPRoute() as ipr:
+        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+        links = {link["index"]: link for link in ipr.get_links()}
+        for addr, why in addresses:
+            try:
+                ip = ipaddress.ip_address(addr)
+                route = ipr.route("get", dst=str(ip), family=10 if ip.version == 6 else 2)[0]
+            except Exception:  # noqa: BLE001 - unroutable: it cannot be carried by any interface here
+                continue
+            oif = route.get_attr("RTA_OIF")
+            todo = [oif]
+            while todo:
+                index = todo.pop()
+                if index not in names or names[index] in out:
+                    continue
+                out[names[index]] = f"{why} {addr}" if index == oif else f"lower device of {names[oif]} ({why} {addr})"
+                lower = links[index].get_attr("IFLA_LINK")
+                if lower and lower != index:
+                    todo.append(lower)
+                todo += [i for i, link in links.items() if link.get_attr("IFLA_MASTER") == index]
+    return out
+
+
+def check_lockout(dev: str, args: argparse.Namespace) -> None:
+    if args.force_mgmt_iface or args.netns:
+        return  # --netns: an emulated host's interface never carries this machine's SSH session
+    mgmt = management_interfaces(args.mgmt_addr)
+    if dev in mgmt:
+        raise InputError(
+            f"refusing to shape {dev}: it carries the management connection ({mgmt[dev]}); shaping it can lock the "
+            "controller out. Shape the data interface instead, or pass --force-mgmt-iface if you mean it"
+        )
+
+
+# ------------------------------------------------------------------------------------------------------- commands
+def _same(shown: dict[str, Any], want: LinkShape) -> bool:
+    if not shown or not shown.get("owned") or shown.get("qdisc") != want.qdisc:
+        return False
+    if shown.get("rate_bps") != want.rate_bps or not shown.get("burst_bytes"):
+        return False
+    if abs(shown["burst_bytes"] - want.effective_burst_bytes) > BURST_TOLERANCE * want.effective_burst_bytes:
+        return False
+    netem = shown.get("netem") or {}
+    return (
+        abs(netem.get("delay_s", 0.0) - want.delay_s) < 1e-6
+        and abs(netem.get("jitter_s", 0.0) - want.jitter_s) < 1e-6
+        and abs(netem.get("loss_pct", 0.0) - want.loss_pct) < 1e-3
+    )
+
+
+def _render_ingress(dev: str, shape: LinkShape, netns: str | None) -> list[str]:
+    ip = f"ip -n {netns}" if netns else "ip"
+    t = f"tc -n {netns}" if netns else "tc"
+    ifb = ingress.ifb_name(dev)
+    return [
+        f"{ip} link add {ifb} type ifb",
+        f"{ip} link set {ifb} alias {ingress.IFB_ALIAS_PREFIX}{dev} up",
+        f"{t} qdisc add dev {dev} handle ffff: ingress",
+        f"{t} filter add dev {dev} parent ffff: protocol all prio {ingress.FILTER_PRIO} u32 match u32 0 0 "
+        f"action mirred egress redirect dev {ifb}",
+        *render_tc(ifb, shape, netns),
+    ]
+
+
+def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
+    shape = _shape(args)
+    dev = args.dev
+    if args.confirm_within is not None and not args.confirm_within > 0:
+        raise InputError(f"--confirm-within {args.confirm_within}: must be a positive number of seconds")
+    if args.dry_run:
+        lines = render_tc(dev, shape, args.netns) + (_render_ingress(dev, shape, args.netns) if args.ingress else [])
+        return {"dev": dev, "dry_run": True, "commands": lines, "plan": shape.to_dict()}
+    check_lockout(dev, args)
+    previous = commit_confirm.snapshot(dev, netns=args.netns)  # also: InputError if dev is missing
+    want_ingress = bool(args.ingress)
+    same = _same(previous["egress"], shape) and (
+        (previous["ingress"]["active"] and _same(previous["ingress"]["shaping"], shape))
+        if want_ingress
+        else not previous["ingress"]["active"]
+    )
+    result: dict[str, Any] = {
+        "dev": dev,
+        "netns": args.netns,
+        "changed": not same,
+        "egress": shape.to_dict(),
+        "ingress": shape.to_dict() if want_ingress else None,
+        "confirm": None,
+    }
+    if same:
+        return result
+    try:
+        result["egress"] = tc.apply(dev, shape, netns=args.netns, force=args.force)
+        if want_ingress:
+            result["ingress"] = ingress.apply(dev, shape, netns=args.netns, force=args.force)
+        else:
+            ingress.clear(dev, netns=args.netns)
+    except TestbedError as e:
+        try:
+            commit_confirm.restore(dev, previous, netns=args.netns)
+        except TestbedError as again:
+            raise ShapingError(f"{e}; restoring the previous shaping of {dev} failed too: {again}") from None
+        raise
+    if args.confirm_within is not None:
+        result["confirm"] = commit_confirm.arm(
+            dev, previous, result, args.confirm_within, netns=args.netns, base=args.state_dir
+        )
+    return result
+
+
+def cmd_clear(args: argparse.Namespace) -> dict[str, Any]:
+    cancelled = commit_confirm.cancel(args.dev, netns=args.netns, base=args.state_dir)
+    egress = tc.clear(args.dev, netns=args.netns)
+    ing = ingress.clear(args.dev, netns=args.netns)
+    return {"dev": args.dev, "netns": args.netns, "changed": bool(egress or ing), "cancelled_pending": cancelled}
+
+
+def cmd_show(args: argparse.Namespace) -> dict[str, Any]:
+    record = commit_confirm.pending(args.dev, netns=args.netns, base=args.state_dir)
+    return {
+        "dev": args.dev,
+        "netns": args.netns,
+        "egress": tc.show(args.dev, netns=args.netns),
+        "ingress": ingress.show(args.dev, netns=args.netns),
+        "pending": None
+        if record is None
+        else {k: record.get(k) for k in ("status", "deadline_unix", "timer_pid", "finished_unix", "error")},
+    }
+
+
+def _kernel_probe() -> dict[str, bool]:
+    """Runs inside a fresh, private network namespace: try each piece on a veth pair."""
+    from pyroute2 import IPRoute, protocols
+
+    results: dict[str, bool] = {}
+    with IPRoute() as ipr:
+        ipr.link("add", ifname="kc0", kind="veth", peer="kc1")
+        idx = ipr.link_lookup(ifname="kc0")[0]
+        for kind, kw in (("htb", {"default": 1}), ("tbf", {"rate": 1e6, "burst": 65536, "latency": 50000})):
+            try:
+                ipr.tc("add", kind, idx, 0x7E570000, **kw)
+                ipr.tc("del", index=idx, handle=0x7E570000, parent=0xFFFFFFFF)
+                results[kind] = True
+            except Exception:  # noqa: BLE001
+                results[kind] = False
+        try:
+            ipr.tc("add", "htb", idx, 0x7E570000, default=1)
+            ipr.tc("add", "netem", idx, 0x7E580000, parent=0x7E570000, delay=1000)
+            results["netem"] = True
+        except Exception:  # noqa: BLE001
+            results["netem"] = False
+        try:
+            ipr.link("add", ifname="kcifb", kind="ifb")
+            results["ifb"] = True
+        except Exception:  # noqa: BLE001
+            results["ifb"] = False
+        try:
+            ipr.tc("add", "ingress", idx, 0xFFFF0000)
+            results["ingress"] = True
+            target = ipr.link_lookup(ifname="kcifb" if results["ifb"] else "kc1")[0]
+            ipr.tc(
+                "add-filter",
+                "u32",
+                idx,
+                parent=0xFFFF0000,
+                prio=1,
+                protocol=protocols.ETH_P_ALL,
+                target=1,
+                keys=["0x0/0x0+0"],
+                action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": target},
+            )
+            results["u32_mirred"] = True
+        except Exception:  # noqa: BLE001
+            results.setdefault("ingress", False)
+            results["u32_mirred"] = False
+    return results
+
+
+def cmd_kernel_check(args: argparse.Namespace) -> dict[str, Any]:
+    def enter_private_netns() -> None:
+        if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "import json, shaping.__main__ as m; print(json.dumps(m._kernel_probe()))"],
+        capture_output=True,
+        text=True,
+        preexec_fn=enter_private_netns,  # noqa: PLW1509 - single-threaded CLI
+        cwd=str(commit_confirm.PROJECT_ROOT),
+        timeout=60,
+    )
+    if proc.returncode != 0:
+        raise ShapingError(f"kernel-check failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    features = json.loads(proc.stdout)
+    required = ("htb", "tbf", "ifb", "ingress", "u32_mirred")
+    return {"features": features, "ok": all(features[k] for k in required), "required": list(required)}
+
+
+def _text(cmd: str, res: dict[str, Any]) -> str:
+    if cmd == "apply" and res.get("dry_run"):
+        return "\n".join(res["commands"])
+    if cmd == "apply":
+        what = "egress+ingress" if res["ingress"] else "egress"
+        line = f"{res['dev']}: {'shaped' if res['changed'] else 'already shaped'} {what} at "
+        line += f"{format_rate(res['egress']['rate_bps'])} ({res['egress']['qdisc']})"
+        if res.get("confirm"):
+            line += f"; confirm within {res['confirm']['within_s']:g}s: python -m shaping confirm --dev {res['dev']}"
+        return line
+    if cmd == "show":
+        e, i = res["egress"], res["ingress"]
+        rate = format_rate(e["rate_bps"]) if e["rate_bps"] else "-"
+        line = f"{res['dev']}: egress {e['qdisc'] or 'none'} {rate} ({e['ownership']})"
+        if i["active"] and i["shaping"]:
+            line += f"; ingress via {i['ifb']} {format_rate(i['shaping']['rate_bps'] or 0)}"
+        if res["pending"]:
+            line += f"; change {res['pending']['status']}"
+        return line
+    if cmd == "kernel-check":
+        return " ".join(f"{k}={'yes' if v else 'no'}" for k, v in res["features"].items())
+    return json.dumps(res)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in argv
+    try:
+        args = _parser().parse_args(argv)
+        handler = {
+            "apply": cmd_apply,
+            "confirm": lambda a: commit_confirm.confirm(a.dev, netns=a.netns, base=a.state_dir),
+            "rollback": lambda a: commit_confirm.rollback(a.dev, netns=a.netns, base=a.state_dir),
+            "clear": cmd_clear,
+            "show": cmd_show,
+            "kernel-check": cmd_kernel_check,
+        }[args.cmd]
+        res = handler(args)
+        print(json.dumps(res) if args.json else _text(args.cmd, res))
+        if args.cmd == "kernel-check" and not res["ok"]:
+            return 1
+        return 0
+    except TestbedError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Exception as e:  # noqa: BLE001 - one line for the user, the traceback with --debug
+        if debug:
+            raise
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

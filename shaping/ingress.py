@@ -1,0 +1,244 @@
+"""Ingress shaping on a real NIC: redirect what arrives on `ifname` to an ifb device and shape the ifb's egress.
+
+A qdisc only shapes what leaves an interface. On emulated hosts both ends of a veth are ours, so download is shaped on
+the switch side; a real NIC has no such other end, so (as `tc` users do) the testbed attaches an `ingress` qdisc
+(ffff:) to the NIC, adds a u32 match-all filter whose mirred action redirects every packet to the egress of an ifb
+device, and shapes that ifb with `shaping.tc.apply` (same HTB/TBF plan, same 7e57: handle).
+
+Ownership: the ifb carries the alias ``testbed-ingress:<ifname>``, the filter has priority 0x7e57 and redirects to that
+ifb. A foreign ingress/clsact qdisc or foreign ingress filters are refused unless ``force``. Every step is recorded
+and undone in reverse if a later one fails, so a failed apply leaves the NIC as it was. All through pyroute2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from pyroute2 import IPRoute, protocols
+from pyroute2.netlink.exceptions import NetlinkError
+
+from shaping import tc
+from shaping.plan import OWNED_MAJOR, LinkShape
+from testbed.errors import InputError, PermissionDenied, ShapingError
+
+INGRESS_HANDLE = 0xFFFF0000  # ffff:, the only handle an ingress qdisc can have
+FILTER_PRIO = OWNED_MAJOR  # 0x7e57: marks the redirect filter as the testbed's
+IFB_ALIAS_PREFIX = "testbed-ingress:"
+IFNAMSIZ = 15
+
+
+def ifb_name(ifname: str) -> str:
+    """Deterministic ifb name for `ifname`: ``ifb-<ifname>`` or, when that exceeds 15 chars, a hashed short form."""
+    name = f"ifb-{ifname}"
+    if len(name) <= IFNAMSIZ:
+        return name
+    return "ifb-" + hashlib.sha1(ifname.encode()).hexdigest()[:11]
+
+
+@contextlib.contextmanager
+def _ipr(netns: str | None) -> Iterator[IPRoute]:
+    if netns and not os.path.exists(f"/run/netns/{netns}"):  # pyroute2 would silently create it
+        raise InputError(f"network namespace {netns!r} does not exist")
+    try:
+        ipr = IPRoute(netns=netns) if netns else IPRoute()
+    except PermissionError:
+        raise PermissionDenied("ingress shaping needs root or CAP_NET_ADMIN") from None
+    except OSError as e:
+        raise InputError(f"network namespace {netns!r} does not exist ({e.strerror or e})") from None
+    try:
+        yield ipr
+    finally:
+        ipr.close()
+
+
+def _lookup(ipr: IPRoute, ifname: str) -> int | None:
+    found = ipr.link_lookup(ifname=ifname)
+    return found[0] if found else None
+
+
+def _require(ipr: IPRoute, ifname: str, netns: str | None) -> int:
+    index = _lookup(ipr, ifname)
+    if index is None:
+        where = f" in namespace {netns}" if netns else ""
+        names = ", ".join(sorted(str(link.get("ifname")) for link in ipr.get_links()))
+        raise InputError(f"no interface {ifname!r}{where}; there are: {names}")
+    return index
+
+
+def _ingress_qdisc(ipr: IPRoute, index: int):
+    """The ingress-side qdisc of a device (ingress or clsact), or None."""
+    for q in ipr.get_qdiscs(index=index):
+        if q.get_attr("TCA_KIND") in ("ingress", "clsact"):
+            return q
+    return None
+
+
+def _filters(ipr: IPRoute, index: int) -> list:
+    """Filters under ffff: as (prio, kind, mirred target ifindex or None) tuples, one per filter node."""
+    out = []
+    try:
+        msgs = ipr.get_filters(index=index, parent=INGRESS_HANDLE)
+    except NetlinkError:
+        return out
+    for f in msgs:
+        prio = f["info"] >> 16
+        target = None
+        opts = f.get_attr("TCA_OPTIONS")
+        acts = opts.get_attr("TCA_U32_ACT") if opts is not None else None
+        for slot in acts["attrs"] if acts is not None else []:
+            act = slot[1]
+            if act.get_attr("TCA_ACT_KIND") == "mirred":
+                act_opts = act.get_attr("TCA_ACT_OPTIONS")
+                parms = act_opts.get_attr("TCA_MIRRED_PARMS") if act_opts is not None else None
+                if parms:
+                    target = parms["ifindex"]
+        out.append((prio, f.get_attr("TCA_KIND"), target))
+    return out
+
+
+def _ifb_owned(ipr: IPRoute, ifname: str) -> int | None:
+    """Index of the testbed's ifb for `ifname`, or None. Raises if the name is taken by something else."""
+    name = ifb_name(ifname)
+    index = _lookup(ipr, name)
+    if index is None:
+        return None
+    link = ipr.get_links(index)[0]
+    info = link.get_attr("IFLA_LINKINFO")
+    kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+    alias = link.get_attr("IFLA_IFALIAS")
+    if kind != "ifb" or alias != IFB_ALIAS_PREFIX + ifname:
+        raise ShapingError(
+            f"interface {name} exists but is not the testbed's ifb for {ifname} (kind {kind}, alias {alias!r}); "
+            "remove or rename it first"
+        )
+    return index
+
+
+def _state(ipr: IPRoute, ifname: str, netns: str | None) -> dict[str, Any]:
+    index = _require(ipr, ifname, netns)
+    ifb_index = _ifb_owned(ipr, ifname)
+    q = _ingress_qdisc(ipr, index)
+    filters = _filters(ipr, index) if q is not None else []
+    ours = [f for f in filters if f[0] == FILTER_PRIO and ifb_index is not None and f[2] == ifb_index]
+    foreign = [f for f in filters if f[0] != FILTER_PRIO]
+    return {
+        "index": index,
+        "ifb_index": ifb_index,
+        "qdisc": q.get_attr("TCA_KIND") if q is not None else None,
+        "our_filter": bool(ours),
+        "foreign_filters": len({f[0] for f in foreign}),
+    }
+
+
+def apply(ifname: str, shape: LinkShape, *, netns: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Shape what arrives on `ifname` at `shape` via its ifb. Idempotent; rolled back on partial failure."""
+    where = f"{netns}/{ifname}" if netns else ifname
+    undo: list[tuple[str, Any]] = []
+    with _ipr(netns) as ipr:
+        st = _state(ipr, ifname, netns)
+        index = st["index"]
+        foreign_q = st["qdisc"] == "clsact" or (st["qdisc"] == "ingress" and not st["our_filter"])
+        if (foreign_q or st["foreign_filters"]) and not force:
+            raise tc.ForeignQdiscError(
+                f"{where} already has an ingress {st['qdisc']} qdisc with filters the testbed did not create; "
+                "refusing to replace it. Pass --force to replace it (it is not restored by clear)"
+            )
+        try:
+            if foreign_q:  # forced: drop the foreign ingress/clsact qdisc and everything under it
+                ipr.tc("del", index=index, handle=INGRESS_HANDLE, parent=0xFFFFFFF1)
+                st["qdisc"] = None
+            ifb_index = st["ifb_index"]
+            if ifb_index is None:
+                ipr.link("add", ifname=ifb_name(ifname), kind="ifb")
+                ifb_index = _require(ipr, ifb_name(ifname), netns)
+                undo.append(("link", ifb_index))
+                ipr.link("set", index=ifb_index, ifalias=IFB_ALIAS_PREFIX + ifname)
+            ipr.link("set", index=ifb_index, state="up")
+            if st["qdisc"] is None:
+                ipr.tc("add", "ingress", index, INGRESS_HANDLE)
+                undo.append(("qdisc", index))
+            if not st["our_filter"]:
+                ipr.tc(
+                    "add-filter",
+                    "u32",
+                    index,
+                    parent=INGRESS_HANDLE,
+                    prio=FILTER_PRIO,
+                    protocol=protocols.ETH_P_ALL,
+                    target=0x1,
+                    keys=["0x0/0x0+0"],
+                    action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": ifb_index},
+                )
+                undo.append(("filter", index))
+            plan = tc.apply(ifb_name(ifname), shape, netns=netns, force=False)
+        except (NetlinkError, ShapingError) as e:
+            _undo(ipr, undo)
+            if isinstance(e, ShapingError):
+                raise
+            if e.code == errno.EPERM:
+                raise PermissionDenied(f"ingress shaping on {where}: needs root or CAP_NET_ADMIN") from None
+            if e.code in (errno.EOPNOTSUPP, errno.ENOENT):
+                raise ShapingError(
+                    f"ingress shaping on {where}: the kernel lacks a piece it needs (ifb, sch_ingress, cls_u32 or "
+                    f"act_mirred): {os.strerror(e.code)}"
+                ) from None
+            raise ShapingError(f"ingress shaping on {where}: kernel refused ({os.strerror(e.code)})") from None
+    return {**plan, "ifname": ifname, "netns": netns, "direction": "ingress", "ifb": ifb_name(ifname)}
+
+
+def _undo(ipr: IPRoute, undo: list[tuple[str, Any]]) -> None:
+    for what, index in reversed(undo):
+        with contextlib.suppress(NetlinkError):
+            if what == "link":
+                ipr.link("del", index=index)
+            elif what == "qdisc":
+                ipr.tc("del", index=index, handle=INGRESS_HANDLE, parent=0xFFFFFFF1)
+            elif what == "filter":
+                ipr.tc("del-filter", index=index, parent=INGRESS_HANDLE, prio=FILTER_PRIO, protocol=protocols.ETH_P_ALL)
+
+
+def clear(ifname: str, *, netns: str | None = None) -> bool:
+    """Remove the testbed's ingress redirect and ifb from `ifname`. Idempotent. True if anything changed."""
+    changed = False
+    with _ipr(netns) as ipr:
+        st = _state(ipr, ifname, netns)
+        index = st["index"]
+        try:
+            if st["our_filter"]:
+                if st["qdisc"] == "ingress" and not st["foreign_filters"]:
+                    ipr.tc("del", index=index, handle=INGRESS_HANDLE, parent=0xFFFFFFF1)
+                else:
+                    ipr.tc(
+                        "del-filter", index=index, parent=INGRESS_HANDLE, prio=FILTER_PRIO, protocol=protocols.ETH_P_ALL
+                    )
+                changed = True
+            if st["ifb_index"] is not None:
+                ipr.link("del", index=st["ifb_index"])
+                changed = True
+        except NetlinkError as e:
+            raise ShapingError(
+                f"clearing ingress shaping on {ifname}: kernel refused ({os.strerror(e.code)})"
+            ) from None
+    return changed
+
+
+def show(ifname: str, *, netns: str | None = None) -> dict[str, Any]:
+    """Ingress state of `ifname`: whether the testbed's redirect is active and the shaping read back from its ifb."""
+    with _ipr(netns) as ipr:
+        st = _state(ipr, ifname, netns)
+    active = st["our_filter"] and st["ifb_index"] is not None
+    return {
+        "ifname": ifname,
+        "netns": netns,
+        "direction": "ingress",
+        "ifb": ifb_name(ifname),
+        "active": active,
+        "qdisc": st["qdisc"],
+        "foreign_filters": st["foreign_filters"],
+        "shaping": tc.show(ifb_name(ifname), netns=netns) if st["ifb_index"] is not None else None,
+    }
