@@ -219,6 +219,7 @@ class Crossover:
 def _fmt_bps(bps: float | None) -> str:
     if bps is None:
         return "-"
+    bps = float(f"{bps:.3g}")  # round first so 999.99e6 prints as 1gbit, not 1e+03mbit
     for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
         if bps >= scale:
             return f"{bps / scale:.3g}{unit}"

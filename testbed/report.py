@@ -569,22 +569,10 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, baseline: str = "sync
 
 
 def load_results_dir(results_dir: str | Path) -> pd.DataFrame:
-    """Read a results directory through the results store (falls back to reading its Parquet files)."""
-    path = Path(results_dir)
-    if not path.exists():
-        raise InputError(f"results directory {path}: does not exist; expected the --out of `testbed run`/`sweep`")
-    if path.is_dir() and not any(path.rglob("*.parquet")) and not any(path.rglob("*.csv")):
-        raise InputError(f"results directory {path}: no results files (*.parquet) in it")
-    try:
-        from testbed.results import load_results
-    except ImportError:
-        load_results = None
-    if load_results is not None:
-        return load_results(path)
-    files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
-    if not files:
-        raise InputError(f"results directory {path}: no Parquet files in it")
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    """Read a results directory through the results store (`testbed.results.load_results`)."""
+    from testbed.results import load_results
+
+    return load_results(results_dir)
 
 
 def report_from_dir(results_dir: str | Path, out_dir: str | Path, *, baseline: str = "syncsgd",

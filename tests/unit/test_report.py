@@ -59,6 +59,16 @@ def synthetic_frame(world_sizes=(2, 4), model="resnet18"):
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def write_store(path, df):
+    """Store a frame the way `testbed run` does: one Parquet row per trial through the results store."""
+    from testbed.results import ResultsStore
+
+    store = ResultsStore(path)
+    for rec in df.to_dict("records"):
+        store.append({k: (None if isinstance(v, float) and v != v else v) for k, v in rec.items()})
+    return path
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
@@ -146,7 +156,7 @@ def test_bad_inputs(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         report_from_dir(tmp_path / "nope", tmp_path / "out")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InputError, match="no results files"):
+    with pytest.raises(InputError, match="holds no trials"):
         report_from_dir(tmp_path / "empty", tmp_path / "out")
 
 
@@ -158,9 +168,7 @@ def test_mixed_schema_versions_are_noted(tmp_path):
 
 
 def test_report_from_parquet_dir_with_profiles(tmp_path):
-    results = tmp_path / "results"
-    results.mkdir()
-    synthetic_frame(world_sizes=(2,)).to_parquet(results / "trials.parquet")
+    results = write_store(tmp_path / "results", synthetic_frame(world_sizes=(2,)))
     profiles = tmp_path / "profiles"
     profiles.mkdir()
     (profiles / "resnet18-bs32-cpu.json").write_text(json.dumps(pm.synthetic_profile_dict("resnet18", 32)))

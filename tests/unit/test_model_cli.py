@@ -1,0 +1,139 @@
+"""`testbed profile/predict/report` handlers, driven through a tiny argparse like cli.py's."""
+
+import argparse
+import json
+import sys
+import types
+
+import pytest
+
+from testbed import model_cli
+from testbed import perfmodel as pm
+from testbed.errors import InputError
+
+
+def run(argv):
+    parser = argparse.ArgumentParser(prog="testbed")
+    model_cli.add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+@pytest.fixture
+def profile_file(tmp_path):
+    path = tmp_path / "resnet18-bs32-cpu.json"
+    path.write_text(json.dumps(pm.synthetic_profile_dict("resnet18", 32)))
+    return path
+
+
+@pytest.fixture
+def fake_profiler(monkeypatch):
+    """Stands in for runners.profile.profile_model; records its calls."""
+    calls = []
+
+    def profile_model(model, batch_size, compressors, *, image_size=None, seq_len=None, iters=10,
+                      bucket_cap_mb=25, options=None, device="cpu"):
+        calls.append({"model": model, "batch_size": batch_size, "compressors": list(compressors), "iters": iters,
+                      "device": device})
+        return pm.synthetic_profile_dict(model, batch_size)
+
+    monkeypatch.setitem(sys.modules, "runners.profile", types.SimpleNamespace(profile_model=profile_model))
+    return calls
+
+
+def test_predict_json_matches_model(profile_file, capsys):
+    assert run(["predict", "--profile", str(profile_file), "--world-size", "4", "--bw", "10mbit..10gbit",
+                "--points", "5", "--latency", "50us", "--efficiency", "0.9", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bandwidths_bps"] == pytest.approx([1e7, 10**7.75, 10**8.5, 10**9.25, 1e10])
+    assert data["latency_s"] == pytest.approx(50e-6) and data["efficiency"] == 0.9
+    prof = pm.load_profile(profile_file)
+    expect = pm.predict_iteration(prof, "powersgd", pm.Network(4, 1e7, 50e-6, 0.9)).iter_time_s
+    assert data["compressors"]["powersgd"]["iter_time_s"][0] == pytest.approx(expect)
+    assert data["compressors"]["syncsgd"]["crossover"] is None  # the baseline has no crossover with itself
+    assert data["compressors"]["fp16"]["speedup"][0] == pytest.approx(2.0, rel=0.01)
+    assert set(data["compressors"]) == set(pm.COMPRESSORS)
+
+
+def test_predict_table_output(profile_file, capsys):
+    assert run(["predict", "--profile", str(profile_file), "--bw", "100mbit..100gbit", "--points", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted iteration time (ms)" in out and "crossover B*" in out
+    assert "powersgd" in out and "100gbit" in out and "(baseline)" in out
+    assert "faster below" in out  # the synthetic profile crosses over inside 100mbit..100gbit
+
+
+def test_compute_speedup_raises_crossover(profile_file, capsys):
+    def b_star(extra):
+        run(["predict", "--profile", str(profile_file), "--bw", "100mbit..400gbit", "--points", "9",
+             "--compressors", "powersgd", "--json", *extra])
+        return json.loads(capsys.readouterr().out)["compressors"]["powersgd"]["crossover"]["bandwidth_bps"]
+
+    base = b_star([])
+    assert b_star(["--compute-speedup", "4"]) > base
+    assert b_star(["--codec-speedup", "4"]) > base
+
+
+def test_predict_measures_when_no_profile_stored_then_reuses(tmp_path, fake_profiler, capsys):
+    profiles = tmp_path / "profiles"
+    argv = ["predict", "--model", "vgg16", "--batch-size", "16", "--profiles", str(profiles), "--bw", "1gbit",
+            "--json"]
+    assert run(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert len(fake_profiler) == 1 and fake_profiler[0]["model"] == "vgg16"
+    stored = profiles / "vgg16-bs16-cpu.json"
+    assert stored.is_file() and "measured now" in first["profile"]
+    assert run(argv) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert len(fake_profiler) == 1  # reused, not measured again
+    assert second["profile"] == str(stored)
+    assert second["compressors"]["topk"]["iter_time_s"] == first["compressors"]["topk"]["iter_time_s"]
+
+
+def test_profile_command_stores_json_and_prints_table(tmp_path, fake_profiler, capsys):
+    out = tmp_path / "p"
+    assert run(["profile", "--model", "resnet18", "--batch-size", "8", "--compressors", "powersgd,topk",
+                "--iters", "3", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert fake_profiler[0]["compressors"] == ["powersgd", "topk"] and fake_profiler[0]["iters"] == 3
+    assert pm.load_profile(out / "resnet18-bs8-cpu.json").batch_size == 8
+    assert "payload MB" in text and "powersgd" in text and "stored:" in text
+
+
+def test_report_command(tmp_path, profile_file, capsys):
+    from test_report import synthetic_frame, write_store
+
+    results = write_store(tmp_path / "results", synthetic_frame(world_sizes=(2,)))
+    assert run(["report", str(results), "--out", str(tmp_path / "rep"), "--profiles", str(profile_file.parent),
+                "--baseline", "fp16", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["headline"].startswith("Compression beat the 16-bit all-reduce baseline (fp16) in 2 of 3")
+    assert (tmp_path / "rep" / "report.html").is_file() and len(data["figures"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["predict", "--bw", "10gbit..10mbit"], "from low to high"),
+        (["predict", "--bw", "9gbps"], "ambiguous unit"),
+        (["predict", "--bw", "10mbit..1gbit", "--points", "1"], "at least 2 points"),
+        (["predict", "--efficiency", "1.5"], r"in \(0, 1\]"),
+        (["predict", "--compute-speedup", "0"], "positive number"),
+        (["predict", "--compressors", "zip"], "expected names from syncsgd"),
+        (["predict", "--latency", "5 parsecs"], "--latency"),
+        (["predict"], "needs --model NAME"),
+        (["predict", "--profile", "/nonexistent/p.json"], "no such file"),
+        (["report", "/nonexistent/results"], "does not exist"),
+    ],
+)
+def test_bad_input_is_one_line_input_error(argv, message):
+    with pytest.raises(InputError, match=message) as exc:
+        run(argv)
+    assert "\n" not in str(exc.value)
+
+
+def test_predict_rejects_compressor_missing_from_profile(tmp_path):
+    d = pm.synthetic_profile_dict("m", 8, codecs={"powersgd": pm.SYNTHETIC_CODECS["powersgd"]})
+    (tmp_path / "m.json").write_text(json.dumps(d))
+    with pytest.raises(InputError, match="topk not in profile"):
+        run(["predict", "--profile", str(tmp_path / "m.json"), "--compressors", "topk"])
