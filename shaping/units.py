@@ -128,5 +128,5 @@ def format_size(size_bytes: float) -> str:
     """Human form of a byte count (decimal units, as `parse_size_bytes` reads them back)."""
     for unit, scale in (("gb", 10**9), ("mb", 10**6), ("kb", 10**3)):
         if size_bytes >= scale:
-            return f"{_fmt_num(size_bytes / scale)}{unit}"
+            return f"{size_bytes / scale:.4g}{unit}"
     return f"{int(size_bytes)}b"

@@ -1,0 +1,237 @@
+"""A trial (one full configuration) and a sweep (a grid of them): frozen, validated, hashable.
+
+A trial's id is a stable hash of its configuration, so a sweep can skip what is stored and resume after a crash.
+Sweeps come from CLI flags or a TOML file; every error names the flag or the TOML key (and line) that was wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from shaping.plan import LinkShape
+from shaping.units import format_rate, parse_rate_bps, parse_size_bytes, parse_time_s
+from testbed.errors import InputError
+
+MODELS = ("mlp", "cnn", "resnet18", "resnet50", "resnet101", "bert-base")
+DEFAULT_RUNNER = "runners.train"
+
+
+def compressor_names() -> list[str]:
+    from runners.compressors import names
+
+    return names()
+
+
+def check_compressor(name: str, options: dict[str, Any]) -> None:
+    """Unknown compressor or options that do not apply: InputError before anything starts."""
+    from runners import compressors
+
+    try:
+        compressors.options_of(name)
+        for key in options:
+            if key not in compressors.options_of(name):
+                accepted = ", ".join(f"--{o.replace('_', '-')}" for o in compressors.options_of(name)) or "no options"
+                raise InputError(f"--{key.replace('_', '-')} does not apply to {name}; {name} accepts {accepted}")
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+    """Everything that decides a measurement. Two trials with the same fields measure the same thing."""
+
+    compressor: str
+    rate_bps: int | None  # None: unshaped
+    world_size: int
+    model: str = "resnet18"
+    batch_size: int = 32
+    iters: int = 20
+    warmup_iters: int = 5
+    seed: int = 0
+    burst_bytes: int | None = None
+    qdisc: str = "htb"
+    delay_s: float = 0.0
+    image_size: int = 64
+    seq_len: int = 128
+    bucket_cap_mb: float = 25.0
+    serial: bool = False
+    options: tuple[tuple[str, Any], ...] = ()  # compressor options, sorted (key, value) pairs
+    cluster: str = "tb"
+    runner: str = DEFAULT_RUNNER
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise InputError(f"--model {self.model!r}: unknown; accepted {', '.join(MODELS)}")
+        for name, value, low in (
+            ("--world-size", self.world_size, 1),
+            ("--batch-size", self.batch_size, 1),
+            ("--iters", self.iters, 1),
+            ("--warmup-iters", self.warmup_iters, 0),
+        ):
+            if not isinstance(value, int) or value < low:
+                raise InputError(f"{name} {value!r}: expected an integer >= {low}")
+        if self.bucket_cap_mb <= 0:
+            raise InputError(f"--bucket-cap-mb {self.bucket_cap_mb}: expected > 0")
+        check_compressor(self.compressor, dict(self.options))
+        if self.rate_bps is not None:
+            self.shape  # validates qdisc/rate/burst combinations
+
+    @property
+    def shape(self) -> LinkShape | None:
+        if self.rate_bps is None:
+            return None
+        return LinkShape(self.rate_bps, self.burst_bytes, self.qdisc, self.delay_s)
+
+    @property
+    def option_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def config(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["options"] = self.option_dict
+        return d
+
+    @property
+    def trial_id(self) -> str:
+        canonical = json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def baseline(self, compressor: str = "syncsgd") -> Trial:
+        """The same trial with another compressor and no compressor options (e.g. the syncsgd baseline)."""
+        return dataclasses.replace(self, compressor=compressor, options=())
+
+    def label(self) -> str:
+        rate = format_rate(self.rate_bps) if self.rate_bps else "unshaped"
+        opts = "".join(f" {k}={v}" for k, v in self.options)
+        return f"{self.compressor}{opts} @ {rate}, {self.world_size} ranks, {self.model} bs{self.batch_size}"
+
+
+# ----------------------------------------------------------------------------------------- sweeps
+SWEEP_KEYS = {
+    "bw": 'list of rates, e.g. ["100mbit", "1gbit"]',
+    "compressor": "list of compressor names",
+    "world_size": "list of integers",
+    "model": "a model name",
+    "batch_size": "an integer",
+    "iters": "an integer",
+    "warmup_iters": "an integer",
+    "seed": "an integer",
+    "burst": 'a size like "125kb"',
+    "qdisc": '"htb" or "tbf"',
+    "delay": 'a time like "5ms"',
+    "image_size": "an integer",
+    "seq_len": "an integer",
+    "bucket_cap_mb": "a number",
+    "serial": "true or false",
+    "options": "a table of compressor -> {option = value}, e.g. [options.powersgd] rank = 4",
+}
+
+
+def parse_list(text: str | list, what: str) -> list[str]:
+    items = text if isinstance(text, list) else [x.strip() for x in str(text).split(",")]
+    items = [str(x).strip() for x in items if str(x).strip()]
+    if not items:
+        raise InputError(f"{what}: empty; expected a comma-separated list")
+    return items
+
+
+def parse_rates(items: list[str], what: str = "--bw") -> list[int | None]:
+    return [None if x in ("none", "unshaped", "0") else parse_rate_bps(x, what) for x in items]
+
+
+def expand(
+    rates: list[int | None],
+    compressors: list[str],
+    world_sizes: list[int],
+    *,
+    options: dict[str, dict[str, Any]] | None = None,
+    **common: Any,
+) -> list[Trial]:
+    """The grid, ordered to minimise re-shaping (all trials at one rate together) and with baselines first."""
+    options = options or {}
+    trials = []
+    for rate, ws, comp in itertools.product(rates, world_sizes, compressors):
+        opts = tuple(sorted(options.get(comp, {}).items()))
+        trials.append(Trial(compressor=comp, rate_bps=rate, world_size=ws, options=opts, **common))
+    order = {c: i for i, c in enumerate(sorted(compressors, key=lambda c: c != "syncsgd"))}
+    trials.sort(key=lambda t: (t.rate_bps or 0, t.world_size, order[t.compressor]))
+    return list(dict.fromkeys(trials))
+
+
+def load_sweep_toml(path: str | Path, **overrides: Any) -> list[Trial]:
+    """Read a sweep file. Errors name the key (and for syntax errors the line)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InputError(f"--config {path}: cannot read ({e.strerror})") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"--config {path}: invalid TOML: {e}") from None
+    sweep = doc.get("sweep", doc)
+    unknown = sorted(set(sweep) - set(SWEEP_KEYS))
+    if unknown:
+        line = _line_of(text, unknown[0])
+        raise InputError(f"{path}:{line}: unknown key {unknown[0]!r}; accepted keys: {', '.join(SWEEP_KEYS)}")
+    for key in ("bw", "compressor", "world_size"):
+        if key not in sweep:
+            raise InputError(f"{path}: missing key {key!r} ({SWEEP_KEYS[key]})")
+
+    def get(key: str, kind: type, default: Any = None) -> Any:
+        if key not in sweep:
+            return default
+        value = sweep[key]
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok:
+            raise InputError(f"{path}:{_line_of(text, key)}: {key} = {value!r}; expected {SWEEP_KEYS[key]}")
+        return value
+
+    bws, comps, sizes = get("bw", list), get("compressor", list), get("world_size", list)
+    if not all(isinstance(w, int) for w in sizes):
+        raise InputError(
+            f"{path}:{_line_of(text, 'world_size')}: world_size = {sizes!r}; expected {SWEEP_KEYS['world_size']}"
+        )
+    options = get("options", dict, {})
+    common: dict[str, Any] = {}
+    for key, kind in (
+        ("model", str),
+        ("batch_size", int),
+        ("iters", int),
+        ("warmup_iters", int),
+        ("seed", int),
+        ("qdisc", str),
+        ("image_size", int),
+        ("seq_len", int),
+        ("bucket_cap_mb", float),
+        ("serial", bool),
+    ):
+        value = get(key, kind)
+        if value is not None:
+            common[key] = value
+    if "burst" in sweep:
+        common["burst_bytes"] = parse_size_bytes(get("burst", str), f"{path}: burst")
+    if "delay" in sweep:
+        common["delay_s"] = parse_time_s(get("delay", str), f"{path}: delay")
+    common.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return expand(
+            parse_rates([str(b) for b in bws], f"{path}: bw"), [str(c) for c in comps], sizes, options=options, **common
+        )
+    except InputError as e:
+        raise InputError(f"{path}: {e}") from None
+
+
+def _line_of(text: str, key: str) -> int:
+    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=|^\s*\[.*{re.escape(key)}.*\]", re.M)
+    m = pattern.search(text)
+    return text.count("\n", 0, m.start()) + 1 if m else 1
