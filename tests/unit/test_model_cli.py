@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -101,6 +102,7 @@ def test_profile_command_stores_json_and_prints_table(tmp_path, fake_profiler, c
 
 
 def test_report_command(tmp_path, profile_file, capsys):
+    sys.path.insert(0, str(Path(__file__).parent))
     from test_report import synthetic_frame, write_store
 
     results = write_store(tmp_path / "results", synthetic_frame(world_sizes=(2,)))
