@@ -11,13 +11,14 @@ The model (docs/performance-model.md has the derivation and where it breaks):
    A compressor with r dependent rounds pays the latency term r times; its `payload_bytes` is the total of all rounds.
 2. One iteration = forward + backward-with-communication + optimizer.  Buckets become ready during the backward
    pass at `ready_at_s` (measured without communication), in DDP reduction order.
-   - Overlapped (DDP's own all-reduce, or a hook that returns a future without waiting): each bucket is encoded when
-     ready (encodes one after another), sent when encoded *and* the link is free, decoded when received.
-     Backward never waits; the iteration's backward phase ends when both the backward and the last decode are done.
-   - Blocking (`hook_blocks_backward=True`, the default for this project's compressor hooks, which run their
-     collectives synchronously inside the hook so every rank issues them in the same order): the backward stream
+   - Overlapped (DDP's own all-reduce, or a hook that issues one collective and returns its future un-waited):
+     the hook body (encode) runs on the backward thread, so encode delays backward; the collective starts when the
+     bucket is encoded *and* the link is free; decode runs in the future's callback when the data arrives.
+     The backward phase ends when both the (delayed) backward and the last decode are done.
+   - Blocking (`hook_blocks_backward=True`, the default for this project's multi-step compressor hooks, which
+     wait for their collectives inside the hook so every rank issues them in the same order): the backward stream
      stalls for encode + communication + decode of each bucket, so those add up in series with backward compute.
-   `syncsgd` is DDP's built-in all-reduce and is always overlapped.
+   `syncsgd` (DDP's built-in all-reduce), `fp16` and `bf16` (one un-waited all-reduce) are always overlapped.
 3. World size 1: no gradient exchange, so no communication and no encode/decode.
 """
 
@@ -35,8 +36,9 @@ from testbed.errors import InputError
 PROFILE_SCHEMA = "testbed.profile/1"
 COMPRESSORS = ("syncsgd", "fp16", "bf16", "powersgd", "acpsgd", "signsgd", "topk", "mstopk")
 COLLECTIVES = ("allreduce", "allgather")
-# Compressors that DDP runs with its own asynchronous all-reduce (no project hook): always overlapped.
-NATIVE_COMPRESSORS = frozenset({"syncsgd"})
+# Compressors whose hook issues one collective and returns it un-waited (runners/compressors: syncsgd is DDP's
+# built-in all-reduce, fp16/bf16 cast and all-reduce asynchronously): always overlapped with backward.
+ASYNC_COMPRESSORS = frozenset({"syncsgd", "fp16", "bf16"})
 BASELINES = ("syncsgd", "fp16", "bf16")
 
 
@@ -370,7 +372,7 @@ def predict_iteration(profile: Profile, compressor: str, net: Network, *,
     comp = profile.compressor(compressor)
     f, bw, opt = profile.forward_s, profile.backward_s, profile.optimizer_s
     p = net.world_size
-    blocks = hook_blocks_backward and compressor not in NATIVE_COMPRESSORS
+    blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
 
     def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
         return Prediction(compressor, p, net.bandwidth_bps, iter_s, f, bw, opt, enc, comm, dec,
@@ -396,20 +398,20 @@ def predict_iteration(profile: Profile, compressor: str, net: Network, *,
             enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
         backward_end = max(bw + stall, end)
     else:
-        codec_free = link_free = 0.0
-        last_done = 0.0
+        stall = link_free = last_done = 0.0  # stall: encode time spent on the backward thread so far
         for g in profile.buckets:
             c = codec[g.index]
             comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net)
-            enc_end = max(g.ready_at_s, codec_free) + c.encode_s
-            codec_free = enc_end
+            start = g.ready_at_s + stall
+            enc_end = start + c.encode_s
+            stall += c.encode_s
             comm_start = max(enc_end, link_free)
             link_free = comm_start + comm
             done = link_free + c.decode_s
             last_done = max(last_done, done)
-            timeline.append(BucketTimeline(g.index, g.ready_at_s, comm_start, link_free, done))
+            timeline.append(BucketTimeline(g.index, start, comm_start, link_free, done))
             enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
-        backward_end = max(bw, last_done)
+        backward_end = max(bw + stall, last_done)
     return result(f + backward_end + opt, enc_total, comm_total, dec_total, tuple(timeline))
 
 
