@@ -1,0 +1,237 @@
+"""Fixtures shared by every test directory.
+
+- `root` marker: tests that create namespaces, veths or qdiscs. They are skipped, with the reason, when the run is not
+  root or a tool they drive (`ip`, `tc`, `iperf3`, `ping`, `ss`) is missing.
+- `state_dir` (session): a private TESTBED_STATE_DIR, so tests never read or write a user's /run/testbed.
+- `cluster_name`: a unique cluster name ("t" + 6 random characters); whatever a test made under that name is torn
+  down in the finalizer, even when the test failed.
+- `testbed_cli` / `run_cli()`: the `testbed` command as a subprocess (`python -m testbed.cli ...`), with that env.
+- `make_cluster`: `testbed up` through the CLI, registered for teardown.
+- `scratch_netns`: namespaces a test makes by hand (prefix "tbt-"), deleted in teardown after killing what runs there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import string
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOOLS = ("ip", "tc", "iperf3", "ping", "ss")
+SCRATCH_PREFIX = "tbt-"  # namespaces tests make by hand; never "tb-" (clusters) nor "tbl-" (lab fixture)
+
+
+# ---------------------------------------------------------------------------------------------- root marker
+def root_skip_reason() -> str | None:
+    """Why `root` tests cannot run here, or None when they can."""
+    if os.geteuid() != 0:
+        return "needs root (or CAP_NET_ADMIN): creates network namespaces, veths and qdiscs"
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        return f"needs {', '.join(missing)} on PATH (apt-get install iproute2 iperf3 iputils-ping)"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") is not None:
+        reason = root_skip_reason()
+        if reason:
+            pytest.skip(reason)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.01):
+    """Poll `predicate` until it returns something truthy (returned) or the deadline passes (AssertionError)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)  # poll interval, bounded by the deadline above
+
+
+def random_suffix(n: int = 6) -> str:
+    alphabet = string.ascii_lowercase + string.digits
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+def netns_list() -> list[str]:
+    """Namespace names as `ip netns list` shows them (first word of each line)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.strip())
+
+
+def cluster_netns(name: str) -> list[str]:
+    return [n for n in netns_list() if n.startswith(f"tb-{name}-")]
+
+
+def pids_in_netns(name: str) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False).stdout
+    return [int(p) for p in out.split()]
+
+
+def kill_pids(pids: list[int]) -> None:
+    """SIGKILL the given PIDs (only ever PIDs found in namespaces the tests made) and wait until they are gone."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)], 5, "killed pids")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def one_line(stderr: str) -> str:
+    """The single non-empty stderr line the CLI must print on error (asserts there is exactly one)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{stderr}"
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="session")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private TESTBED_STATE_DIR for the whole session, also set in os.environ for in-process calls."""
+    path = tmp_path_factory.mktemp("testbed-state")
+    old = os.environ.get("TESTBED_STATE_DIR")
+    os.environ["TESTBED_STATE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("TESTBED_STATE_DIR", None)
+    else:
+        os.environ["TESTBED_STATE_DIR"] = old
+
+
+@pytest.fixture
+def cli_env(state_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["TESTBED_STATE_DIR"] = str(state_dir)
+    env.pop("TESTBED_CLUSTER", None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["COLUMNS"] = "200"
+    return env
+
+
+def run_cli(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+    """`testbed ARGS...` as a subprocess; output captured as text, never raises on a non-zero exit."""
+    return subprocess.run(
+        [sys.executable, "-m", "testbed.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+@pytest.fixture
+def testbed_cli(cli_env: dict[str, str]) -> Callable[..., subprocess.CompletedProcess]:
+    """`testbed_cli("up", "--name", n, ...)` runs the CLI with the private state directory."""
+
+    def call(*args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
+        return run_cli(cli_env, *args, timeout_s=timeout_s)
+
+    return call
+
+
+def _teardown_cluster(env: dict[str, str], name: str) -> None:
+    """`testbed down`, then make sure: kill what still runs in its namespaces and delete them (only this name's)."""
+    done = run_cli(env, "down", "--name", name, timeout_s=60)
+    left = cluster_netns(name)
+    for ns in left:
+        kill_pids(pids_in_netns(ns))
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, check=False)
+    assert done.returncode == 0, f"teardown: testbed down --name {name} failed: {done.stderr.strip()}"
+    assert not left, f"teardown: testbed down --name {name} left namespaces {left}"
+
+
+@pytest.fixture
+def cluster_name(cli_env: dict[str, str]) -> str:
+    """A unique cluster name; every namespace of that name is removed after the test, whatever happened."""
+    name = "t" + random_suffix()
+    yield name
+    if os.geteuid() == 0:
+        _teardown_cluster(cli_env, name)
+
+
+@pytest.fixture
+def make_cluster(cli_env: dict[str, str], testbed_cli) -> Callable[..., str]:
+    """`make_cluster(hosts=2, "--bw", "100mbit")` runs `testbed up` under a fresh name and returns the name."""
+    names: list[str] = []
+
+    def make(hosts: int = 2, *flags: str) -> str:
+        name = "t" + random_suffix()
+        names.append(name)
+        done = testbed_cli("up", "--name", name, "--hosts", str(hosts), *flags)
+        assert done.returncode == 0, f"testbed up failed: {done.stderr.strip()}"
+        return name
+
+    yield make
+    errors = []
+    for name in names:
+        try:
+            _teardown_cluster(cli_env, name)
+        except AssertionError as e:
+            errors.append(str(e))
+    assert not errors, "; ".join(errors)
+
+
+@pytest.fixture
+def scratch_netns() -> Callable[[], str]:
+    """`ns = scratch_netns()` makes a namespace "tbt-XXXXXX" (lo up) that teardown deletes."""
+    made: list[str] = []
+
+    def make() -> str:
+        name = SCRATCH_PREFIX + random_suffix()
+        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        made.append(name)
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, capture_output=True)
+        return name
+
+    yield make
+    for name in made:
+        kill_pids(pids_in_netns(name))
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+
+
+_NETEM: dict[str, bool] = {}
+
+
+def kernel_has_netem() -> bool:
+    """Probe the running kernel once: can a netem qdisc be created (on lo of a throwaway namespace)?"""
+    if "netem" not in _NETEM:
+        name = SCRATCH_PREFIX + random_suffix()
+        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        try:
+            done = subprocess.run(
+                ["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            _NETEM["netem"] = done.returncode == 0
+        finally:
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+    return _NETEM["netem"]
+
+
+NO_NETEM_REASON = "this kernel has no netem qdisc (sch_netem): `tc qdisc add ... netem` fails in a throwaway namespace"
