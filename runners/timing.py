@@ -58,7 +58,7 @@ class CommStats:
         self.reset()
 
     def reset(self) -> None:
-        self.intervals: list[tuple[str, int, object, object]] = []
+        self.intervals: list[tuple[str, int, object, object, bool]] = []
         self.payload: dict[int, int] = {}
         self.collectives = 0
         self.hook_end = None
@@ -73,9 +73,14 @@ class CommStats:
     def start(self):
         return self.clock.now() if self.clock is not None else None
 
-    def stop(self, phase: str, bucket_index: int, mark) -> None:
+    def stop(self, phase: str, bucket_index: int, mark, critical: bool = True) -> None:
+        """End an interval begun with ``start()``. ``critical=False`` marks work done in a future callback, off
+        the backward thread (it is exposed only if it runs while DDP already waits)."""
         if mark is not None:
-            self.intervals.append((phase, bucket_index, mark, self.clock.now()))
+            self.intervals.append((phase, bucket_index, mark, self.clock.now(), critical))
+
+    def intervals_with_kind(self):
+        return list(self.intervals)
 
     def add_payload(self, bucket_index: int, nbytes: int, collectives: int = 1) -> None:
         self.payload[bucket_index] = self.payload.get(bucket_index, 0) + int(nbytes)
@@ -95,7 +100,7 @@ class CommStats:
         totals = {"encode_s": 0.0, "comm_s": 0.0, "decode_s": 0.0}
         per_bucket: dict[int, dict[str, float]] = {}
         sec = self.clock.seconds if self.clock is not None else (lambda a, b: 0.0)
-        for phase, index, a, b in self.intervals:
+        for phase, index, a, b, _critical in self.intervals:
             dt = sec(a, b)
             totals[phase + "_s"] += dt
             row = per_bucket.setdefault(index, {"encode_s": 0.0, "comm_s": 0.0, "decode_s": 0.0})

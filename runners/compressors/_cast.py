@@ -35,7 +35,7 @@ def cast_hook(state: CastState, bucket) -> torch.futures.Future:
     def decode(f):
         t2 = stats.start()
         out = buf.copy_(f.value()[0])
-        stats.stop("decode", index, t2)
+        stats.stop("decode", index, t2, critical=False)
         return out
 
     return fut.then(decode)

@@ -15,9 +15,8 @@ Communication: 1 all-reduce per bucket. Payload per step: 4 (sum_j rows_j r + u)
 Options: rank (>= 1), start_iter (>= 2), min_compression_rate (>= 0), error_feedback, seed.
 """
 
-from __future__ import annotations
-
 import torch
+import torch.distributed as dist
 
 from runners.compressors.base import (
     CompressorState,
@@ -101,7 +100,7 @@ class ACPSGDState(CompressorState):
             self.iter += 1
 
 
-def acpsgd_hook(state: ACPSGDState, bucket) -> torch.futures.Future:
+def acpsgd_hook(state: ACPSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """ACP-SGD on one bucket: one factor all-reduced, waited inside the hook. Returns a completed future."""
     buf = bucket.buffer()
     index = bucket.index()

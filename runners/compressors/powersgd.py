@@ -17,9 +17,8 @@ Options: rank (>= 1), start_iter (>= 2 when error_feedback or warm_start), min_c
 error_feedback, warm_start, seed.
 """
 
-from __future__ import annotations
-
 import torch
+import torch.distributed as dist
 
 from runners.compressors.base import (
     CompressorState,
@@ -102,7 +101,7 @@ class PowerSGDState(CompressorState):
         return comp, vecs
 
 
-def powersgd_hook(state: PowerSGDState, bucket) -> torch.futures.Future:
+def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """PowerSGD on one bucket, both rounds waited inside the hook. Returns a completed future."""
     buf = bucket.buffer()
     index = bucket.index()

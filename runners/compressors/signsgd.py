@@ -13,9 +13,8 @@ bucket b, sent by each rank; each rank receives (n - 1) times that.
 Options: error_feedback (default False: plain majority vote).
 """
 
-from __future__ import annotations
-
 import torch
+import torch.distributed as dist
 
 from runners.compressors.base import (
     CompressorState,
@@ -75,7 +74,7 @@ class SignSGDState(CompressorState):
         return cached
 
 
-def signsgd_hook(state: SignSGDState, bucket) -> torch.futures.Future:
+def signsgd_hook(state: SignSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Majority-vote signSGD on one bucket; the all-gather is waited inside the hook."""
     buf = bucket.buffer()
     index = bucket.index()

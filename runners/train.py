@@ -1,0 +1,425 @@
+"""Rank entry point: ``python -m runners.train`` (started by torchrun or the testbed launchers).
+
+Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; trains a model with DDP and a compressor hook on
+synthetic data; writes one JSON record per measured iteration to ``OUT/rank{RANK}.jsonl`` and, on rank 0,
+``OUT/summary.json``. Bad input prints one line ``train: error: ...`` and exits 2 before any process group exists.
+
+Phases (seconds, per iteration, all are *exposed* time on the training critical path, so they add up to
+``iter_time_s``):
+  forward_s    model forward + loss.
+  backward_s   backward wall time minus the compressor's in-hook work and minus the exposed tail wait, i.e. the
+               backward compute that communication did not hide.
+  encode_s     compressor encode inside hooks (runs on the backward thread, so it is exposed).
+  comm_s       time blocked on collectives: waits inside synchronous hooks + the tail from the later of
+               (last gradient computed, last hook returned) to the end of ``loss.backward()``, where DDP waits for
+               the outstanding all-reduces (for syncsgd/fp16/bf16, only this tail is exposed).
+  decode_s     compressor decode on the critical path (inside hooks, or in a future callback that ran during the
+               tail); decode that ran in a callback while backward was still computing is hidden and not counted.
+  optimizer_s  optimizer step + zero_grad.
+In ``--serial`` mode backward runs under ``no_sync()`` (pure compute) and the buckets are then reduced by the same
+hook, so backward_s is the full compute and comm_s = reduction wall time - encode_s - decode_s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+RECORD_KEYS = (
+    "rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
+    "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes",
+)  # fmt: skip
+PHASES = ("forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s")
+
+
+class InputError(Exception):
+    """Bad flags or environment: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise InputError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from runners.compressors import names
+    from runners.models import MODELS
+
+    p = _Parser(prog="train", description="One rank of a DDP training run with a gradient compressor.")
+    p.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}")
+    p.add_argument("--compressor", default="syncsgd", help=f"one of: {', '.join(names())}")
+    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="compressor option (repeatable), e.g. --opt rank=4 --opt ratio=0.01")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per iteration")
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--iters", type=int, default=20, help="measured iterations")
+    p.add_argument("--warmup-iters", type=int, default=3,
+                   help="unrecorded iterations (raised to the compressor's need; serial mode needs >= 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument("--iface", default=None, help="data interface: sets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; "
+                   "its counters give wire bytes (default: the interface that routes to MASTER_ADDR)")
+    p.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    p.add_argument("--serial", action="store_true", help="no overlap: no_sync backward, then reduce the buckets")
+    p.add_argument("--no-timing", action="store_true", help="per-phase timers off (phases recorded as null)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--out", required=True, help="output directory")
+    return p  # fmt: skip
+
+
+def parse_value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        low = text.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        return text
+
+
+def validate(argv):
+    """Everything that can be checked before a process group exists. Raises InputError / ValueError."""
+    from runners import compressors
+    from runners.models import MODELS
+
+    args = build_parser().parse_args(argv)
+    if args.model not in MODELS:
+        raise InputError(f"unknown model {args.model!r}; valid: {', '.join(MODELS)}")
+    if args.batch_size < 1:
+        raise InputError(f"--batch-size {args.batch_size} is not accepted: expected >= 1")
+    for flag, value, lo in (("--iters", args.iters, 1), ("--warmup-iters", args.warmup_iters, 0),
+                            ("--image-size", args.image_size, 8), ("--seq-len", args.seq_len, 1),
+                            ("--threads", args.threads, 0)):  # fmt: skip
+        if value < lo:
+            raise InputError(f"{flag} {value} is not accepted: expected >= {lo}")
+    if args.seq_len > 512:
+        raise InputError(f"--seq-len {args.seq_len} is not accepted: BERT-base has 512 positions")
+    for flag, value in (("--timeout-s", args.timeout_s), ("--bucket-cap-mb", args.bucket_cap_mb),
+                        ("--lr", args.lr)):  # fmt: skip
+        if not value > 0:
+            raise InputError(f"{flag} {value} is not accepted: expected > 0")
+    options = {}
+    for item in args.opt:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--opt {item!r} is not KEY=VALUE")
+        options[key] = parse_value(value)
+    state, hook = compressors.get(args.compressor, **options)  # ValueError for bad names/options
+    missing = [k for k in REQUIRED_ENV if not os.environ.get(k)]
+    if missing:
+        raise InputError(f"missing environment variable(s) {', '.join(missing)} (start me with torchrun)")
+    env = {}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        try:
+            env[k] = int(os.environ[k])
+        except ValueError:
+            raise InputError(f"{k}={os.environ[k]!r} is not an integer") from None
+    env["MASTER_ADDR"] = os.environ["MASTER_ADDR"]
+    if env["WORLD_SIZE"] < 1 or not 0 <= env["RANK"] < env["WORLD_SIZE"]:
+        raise InputError(f"RANK={env['RANK']} WORLD_SIZE={env['WORLD_SIZE']}: expected 0 <= RANK < WORLD_SIZE")
+    import torch
+
+    cuda = torch.cuda.is_available()
+    backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
+    if backend == "nccl" and not cuda:
+        raise InputError("--backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo")
+    if args.iface is not None:
+        import psutil
+
+        if args.iface not in psutil.net_if_addrs():
+            raise InputError(f"--iface {args.iface!r} does not exist; have: {', '.join(psutil.net_if_addrs())}")
+    return args, env, options, backend, state, hook
+
+
+def iface_for(addr: str) -> str | None:
+    """The local interface whose address routes to ``addr`` (for the wire counters)."""
+    import psutil
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(addr), 9))
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == local for a in addrs):
+            return name
+    return None
+
+
+def atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def percentile(values, q: float) -> float:
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def run(args, env, options, backend, state, hook) -> int:
+    import psutil
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from runners import compressors
+    from runners.buckets import BucketRecorder, serial_reduce
+    from runners.models import build
+    from runners.timing import Clock
+
+    rank, world = env["RANK"], env["WORLD_SIZE"]
+    if args.iface:
+        if backend == "gloo":
+            os.environ["GLOO_SOCKET_IFNAME"] = args.iface
+        else:
+            os.environ["NCCL_SOCKET_IFNAME"] = "=" + args.iface
+            os.environ["NCCL_IB_DISABLE"] = "1"
+            os.environ["NCCL_NET"] = "Socket"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if backend == "nccl":
+        device = torch.device("cuda", env["LOCAL_RANK"])
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=args.timeout_s))  # fmt: skip
+    try:
+        return _train(args, env, options, backend, state, hook, device, psutil, torch, dist, DDP, compressors,
+                      BucketRecorder, serial_reduce, build, Clock)  # fmt: skip
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(args, env, options, backend, state, hook, device, psutil, torch, dist, DDP, compressors,
+           BucketRecorder, serial_reduce, build, Clock) -> int:  # fmt: skip
+    rank, world = env["RANK"], env["WORLD_SIZE"]
+    timing = not args.no_timing
+    clock = Clock(device, enabled=timing)
+    iter_clock = Clock(device, enabled=True)  # iteration time is always measured
+    state.stats.clock = clock
+
+    spec = build(args.model, args.batch_size, seed=args.seed, rank=rank, image_size=args.image_size,
+                 seq_len=args.seq_len, device=device)  # fmt: skip
+    model = DDP(spec.module, device_ids=[device.index] if device.type == "cuda" else None,
+                bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # fmt: skip
+    recorder = BucketRecorder(clock)
+    serial_hook = hook
+    if args.serial:
+        if getattr(state, "builtin", False):
+            serial_hook = compressors.syncsgd.syncsgd_hook
+        model.register_comm_hook(state, recorder.wrap(serial_hook))
+    else:
+        compressors.attach(model, state, hook)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    # last-gradient marks: the end of backward compute (normal mode, timing on)
+    last_grad = [None]
+    if timing and not args.serial:
+        def mark(_p):
+            last_grad[0] = clock.now()
+
+        for p in model.module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(mark)
+
+    warmup = max(args.warmup_iters, state.warmup_iters, 2 if args.serial else 0)
+    wire_if = args.iface or iface_for(env["MASTER_ADDR"])
+
+    def wire():
+        if wire_if is None:
+            return None
+        c = psutil.net_io_counters(pernic=True).get(wire_if)
+        return (c.bytes_sent, c.bytes_recv) if c else None
+
+    use_views = False
+    records = []
+    for step in range(warmup + args.iters):
+        measured = step >= warmup
+        if measured and args.serial and step == warmup:
+            use_views = recorder.grads_are_views()
+        x, y = spec.make_batch(step)
+        state.stats.reset()
+        last_grad[0] = None
+        w0 = wire()
+        it0 = iter_clock.now()
+        t0 = clock.now() if timing else None
+        if args.serial and measured:
+            with model.no_sync():
+                loss = spec.loss_fn(model(x), y)
+                t1 = clock.now()
+                loss.backward()
+            t2 = clock.now()
+            serial_reduce(state, serial_hook, recorder, use_views)
+            t_red = clock.now()
+        else:
+            loss = spec.loss_fn(model(x), y)
+            t1 = clock.now()
+            loss.backward()
+            t2 = clock.now()
+            t_red = t2
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+        t3 = clock.now()
+        it1 = iter_clock.now()
+        iter_clock.synchronize()
+        w1 = wire()
+        if not measured:
+            continue
+        iter_time = iter_clock.seconds(it0, it1)
+        payload = state.dense_bytes if getattr(state, "builtin", False) else state.stats.payload_bytes
+        rec = {"rank": rank, "iter": step - warmup}
+        if timing:
+            rec.update(_phases(clock, state.stats, args.serial, t0, t1, t2, t_red, t3, last_grad[0]))
+        else:
+            rec.update({k: None for k in PHASES})
+        rec.update({
+            "iter_time_s": iter_time,
+            "samples": args.batch_size,
+            "payload_bytes": int(payload),
+            "wire_tx_bytes": (w1[0] - w0[0]) if w0 and w1 else None,
+            "wire_rx_bytes": (w1[1] - w0[1]) if w0 and w1 else None,
+        })  # fmt: skip
+        records.append({k: rec[k] for k in RECORD_KEYS})
+
+    os.makedirs(args.out, exist_ok=True)
+    atomic_write(os.path.join(args.out, f"rank{rank}.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
+
+    local = {
+        "rank": rank,
+        "iter_time_s": [r["iter_time_s"] for r in records],
+        **{k: _mean([r[k] for r in records]) for k in PHASES},
+        "payload_bytes": _mean([r["payload_bytes"] for r in records]),
+        "wire_tx_bytes": _mean([r["wire_tx_bytes"] for r in records]),
+        "wire_rx_bytes": _mean([r["wire_rx_bytes"] for r in records]),
+    }
+    gathered = [None] * world
+    dist.all_gather_object(gathered, local)
+    if rank == 0:
+        summary = _summary(args, env, options, backend, device, world, warmup, state, gathered, wire_if, torch)
+        atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
+    p50 = percentile(local["iter_time_s"], 0.5)
+    print(
+        f"train: rank {rank}/{world} done: {args.model} {args.compressor} {len(records)} iters, "
+        f"iter_time_s p50 {p50:.4f}, {args.batch_size / p50:.1f} samples/s/rank, "
+        f"payload {local['payload_bytes']:.0f} B/iter, warmup {warmup}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _mean(values):
+    xs = [v for v in values if v is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def _phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
+    sec = clock.seconds
+    forward = sec(t0, t1)
+    optimizer = sec(t_red, t3)
+    if serial:
+        backward = sec(t1, t2)
+        s = stats.collect()
+        reduce_wall = sec(t2, t_red)
+        encode, decode = s["encode_s"], s["decode_s"]
+        comm = max(0.0, reduce_wall - encode - decode)
+        return _pack(forward, backward, encode, comm, decode, optimizer)
+    bwd_wall = sec(t1, t2)
+    # tail: from the later of (last gradient, last hook return) to the end of backward
+    tail_start = 0.0
+    if last_grad is not None:
+        tail_start = sec(t1, last_grad)
+    if stats.hook_end is not None:
+        tail_start = max(tail_start, sec(t1, stats.hook_end))
+    tail_start = min(max(tail_start, 0.0), bwd_wall)
+    tail = bwd_wall - tail_start
+    encode = comm_in = decode_in = 0.0
+    decode_tail = 0.0
+    for phase, _index, a, b, critical in stats.intervals_with_kind():
+        dt = sec(a, b)
+        if critical:
+            if phase == "encode":
+                encode += dt
+            elif phase == "comm":
+                comm_in += dt
+            else:
+                decode_in += dt
+        elif sec(t1, a) >= tail_start:  # async decode during the tail: exposed
+            decode_tail += min(dt, tail)
+    decode_tail = min(decode_tail, tail)
+    comm = comm_in + tail - decode_tail
+    decode = decode_in + decode_tail
+    backward = max(0.0, bwd_wall - encode - comm_in - decode_in - tail)
+    return _pack(forward, backward, encode, comm, decode, optimizer)
+
+
+def _pack(forward, backward, encode, comm, decode, optimizer) -> dict:
+    return dict(zip(PHASES, (forward, backward, encode, comm, decode, optimizer), strict=True))
+
+
+def _summary(args, env, options, backend, device, world, warmup, state, gathered, wire_if, torch) -> dict:
+    n_iters = min(len(g["iter_time_s"]) for g in gathered)
+    # the step time of the job is the slowest rank's, iteration by iteration
+    step_times = [max(g["iter_time_s"][i] for g in gathered) for i in range(n_iters)]
+    mean_it = statistics.fmean(step_times)
+    config = dict(vars(args))
+    config["compressor_options"] = state.options()
+    config["opt"] = options
+    return {
+        "config": config,
+        "env": {
+            "torch_version": torch.__version__,
+            "python_version": platform.python_version(),
+            "backend": backend,
+            "device": "cuda" if device.type == "cuda" else "cpu",
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+            "world_size": world,
+            "hostname": socket.gethostname(),
+            "wire_iface": wire_if,
+        },
+        "iter_time_s_mean": mean_it,
+        "iter_time_s_p5": percentile(step_times, 0.05),
+        "iter_time_s_p50": percentile(step_times, 0.5),
+        "iter_time_s_p95": percentile(step_times, 0.95),
+        "samples_per_s": world * args.batch_size / mean_it,
+        **{k: _mean([g[k] for g in gathered]) for k in PHASES},
+        "payload_bytes_per_iter": _mean([g["payload_bytes"] for g in gathered]),
+        "wire_tx_bytes_per_iter": _mean([g["wire_tx_bytes"] for g in gathered]),
+        "wire_rx_bytes_per_iter": _mean([g["wire_rx_bytes"] for g in gathered]),
+        "warmup_iters_used": warmup,
+        "measured_iters": n_iters,
+    }
+
+
+def main(argv=None) -> int:
+    try:
+        validated = validate(sys.argv[1:] if argv is None else argv)
+    except (InputError, ValueError) as e:
+        print(f"train: error: {e}", file=sys.stderr)
+        return 2
+    return run(*validated)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
