@@ -82,10 +82,11 @@ def _latency_s(text: str) -> float:
     return parse_time_s(text, "--latency")
 
 
-def _model_flags(p: argparse.ArgumentParser) -> None:
+def _model_flags(p: argparse.ArgumentParser, auto: bool = False) -> None:
     p.add_argument("--latency", default="50us", help="per-message latency alpha, e.g. 50us, 1ms (default: 50us)")
     p.add_argument("--efficiency", default="1.0",
-                   help="fraction of the link rate a collective achieves, (0, 1] (default: 1.0; fit from syncsgd runs)")
+                   help="fraction of the link rate a collective achieves, (0, 1] (default: 1.0"
+                        + ("; 'auto' fits it from communication-bound syncsgd trials)" if auto else ")"))
     p.add_argument("--overlap-hooks", action="store_true",
                    help="model compressor hooks as overlapping backward (default: they block it, as this project's "
                         "hooks run their collectives synchronously)")
@@ -136,7 +137,7 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--baseline", choices=pm.BASELINES, default="syncsgd",
                    help="speedup baseline: syncsgd (fp32) or the fair 16-bit all-reduce (fp16, bf16)")
     p.add_argument("--profiles", help="profile directory for predicted curves (default: profiles/ when present)")
-    _model_flags(p)
+    _model_flags(p, auto=True)
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=cmd_report)
 
@@ -331,7 +332,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from testbed.report import report_from_dir
 
-    latency_s, efficiency = _latency_s(args.latency), _efficiency(args.efficiency)
+    latency_s = _latency_s(args.latency)
+    efficiency = "auto" if args.efficiency == "auto" else _efficiency(args.efficiency)
     profiles_dir = args.profiles
     if profiles_dir is None and Path(DEFAULT_PROFILES_DIR).is_dir():
         profiles_dir = DEFAULT_PROFILES_DIR

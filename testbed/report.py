@@ -247,6 +247,40 @@ def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: Model
                                        "measured_ms", "predicted_ms", "error_pct"])
 
 
+def fit_efficiency_from_trials(ok: pd.DataFrame, profiles: Sequence[pm.Profile], latency_s: float,
+                               hook_blocks_backward: bool = True) -> tuple[float | None, int]:
+    """Efficiency that makes predicted syncsgd iteration times match the measured ones (median over trials).
+
+    Uses shaped syncsgd trials whose prediction at efficiency 1 is communication-bound (exposed time at least half
+    the iteration), so compute noise does not masquerade as bandwidth. Returns (efficiency or None, trials used).
+    """
+    fits = []
+    s1 = ModelSettings(latency_s, 1.0, hook_blocks_backward)
+    for _, r in ok[(ok["compressor"] == "syncsgd") & (ok["rate_bps"] > 0)].iterrows():
+        prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]))
+        if prof is None or int(r["world_size"]) < 2:
+            continue
+
+        def t(eff: float, r=r, prof=prof) -> float:
+            net = _net(r["world_size"], r["rate_bps"], r["delay_s"], ModelSettings(latency_s, eff))
+            return pm.predict_iteration(prof, "syncsgd", net, hook_blocks_backward=s1.hook_blocks_backward).iter_time_s
+
+        full = pm.predict_iteration(prof, "syncsgd", _net(r["world_size"], r["rate_bps"], r["delay_s"], s1))
+        if full.exposed_s < 0.5 * full.iter_time_s:
+            continue
+        if r["t_s"] <= full.iter_time_s:
+            fits.append(1.0)
+            continue
+        lo, hi = 1e-4, 1.0  # t(eff) decreases with eff
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if t(mid) < r["t_s"] else (mid, hi)
+        fits.append(0.5 * (lo + hi))
+    if not fits:
+        return None, 0
+    return float(np.median(fits)), len(fits)
+
+
 # --------------------------------------------------------------------------------------------- figures
 def _colors(variants: Iterable[str]) -> dict[str, str]:
     return {v: _COLORS[i % len(_COLORS)] for i, v in enumerate(sorted(set(variants), key=_order_key))}
@@ -411,7 +445,7 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
     rates = sorted(g["rate_bps"].unique(), key=lambda r: (r == 0, r))
     fig = Figure(figsize=(max(4.0, 3.2 * len(rates)) + 2, 4.8))
     axes = np.atleast_1d(fig.subplots(1, len(rates), squeeze=False)[0])
-    phases = [("compute", ("forward_s", "backward_s", "optimizer_s"), "#4c72b0"),
+    phases = [("compute (fwd+bwd+opt)", ("forward_s", "backward_s", "optimizer_s"), "#4c72b0"),
               ("encode", ("encode_s",), "#dd8452"), ("communication", ("comm_s",), "#c44e52"),
               ("decode", ("decode_s",), "#8172b3")]
     for ax, rate in zip(axes, rates, strict=True):
@@ -430,7 +464,7 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
         if ax is axes[0]:
             ax.set_ylabel("time per iteration (ms)")
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"{_group_label(model, bs, ws)}: per-phase time (phases overlap: bars can exceed the iteration)",
+    fig.suptitle(f"{_group_label(model, bs, ws)}: exposed time per phase (measured; stacks add up to the iteration)",
                  fontsize=10)
     _legend(axes[-1], *axes)
     return _save(fig, path)
@@ -488,13 +522,27 @@ table.t td,table.t th{border:1px solid #ccc;padding:3px 8px;text-align:right}h1{
 
 
 def build_report(df: pd.DataFrame, out_dir: str | Path, *, baseline: str = "syncsgd",
-                 profiles: Sequence[pm.Profile] = (), latency_s: float = 50e-6, efficiency: float = 1.0,
+                 profiles: Sequence[pm.Profile] = (), latency_s: float = 50e-6, efficiency: float | str = 1.0,
                  hook_blocks_backward: bool = True) -> ReportResult:
-    """Write figures, report.html and summary.md for a results frame. Raises InputError on unusable input."""
+    """Write figures, report.html and summary.md for a results frame. Raises InputError on unusable input.
+
+    `efficiency="auto"` fits it from the communication-bound syncsgd trials (1.0 when there are none).
+    """
     desc = baseline_description(baseline)
-    s = ModelSettings(latency_s, efficiency, hook_blocks_backward)
-    pm.Network(1, 1.0, latency_s, efficiency)  # validates latency and efficiency before any work
+    auto = efficiency == "auto"
+    if not auto and not isinstance(efficiency, int | float):
+        raise InputError(f"efficiency {efficiency!r}: expected a fraction in (0, 1] or 'auto'")
+    pm.Network(1, 1.0, latency_s, 1.0 if auto else efficiency)  # validates latency and efficiency before any work
     ok, notes, counts = check_results(df)
+    if auto:
+        fitted, used = fit_efficiency_from_trials(ok, profiles, latency_s, hook_blocks_backward)
+        if fitted is None:
+            efficiency = 1.0
+            notes.append("efficiency auto: no communication-bound syncsgd trial with a profile; used 1.0")
+        else:
+            efficiency = fitted
+            notes.append(f"efficiency fitted from {used} syncsgd trial(s): {fitted:.3f}")
+    s = ModelSettings(latency_s, efficiency, hook_blocks_backward)
     agg = aggregate(ok)
     sp, sp_notes = speedup_table(agg, baseline)
     notes += sp_notes
@@ -532,7 +580,7 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, baseline: str = "sync
     errors.to_csv(out / "prediction_error.csv", index=False)
     crossovers.to_csv(out / "crossovers.csv", index=False)
     status_line = f"{sum(counts.values())} trial(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    settings = (f"model settings: latency {latency_s * 1e6:.0f} us (+ per-trial delay), efficiency {efficiency:g}, "
+    settings = (f"model settings: latency {latency_s * 1e6:.0f} us (+ per-trial delay), efficiency {efficiency:.3g}, "
                 f"hooks {'block' if hook_blocks_backward else 'overlap'} backward; "
                 f"profiles used: {', '.join(sorted({f'{p.model} bs{p.batch_size} ({p.device})' for p in profiles})) or 'none'}")
     err_summary = (errors.assign(abs_error_pct=errors["error_pct"].abs()).groupby("compressor")["abs_error_pct"]
