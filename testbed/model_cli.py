@@ -84,19 +84,28 @@ def _latency_s(text: str) -> float:
 
 def _model_flags(p: argparse.ArgumentParser, auto: bool = False) -> None:
     p.add_argument("--latency", default="50us", help="per-message latency alpha, e.g. 50us, 1ms (default: 50us)")
-    p.add_argument("--efficiency", default="1.0",
-                   help="fraction of the link rate a collective achieves, (0, 1] (default: 1.0"
-                        + ("; 'auto' fits it from communication-bound syncsgd trials)" if auto else ")"))
-    p.add_argument("--overlap-hooks", action="store_true",
-                   help="model compressor hooks as overlapping backward (default: they block it, as this project's "
-                        "hooks run their collectives synchronously)")
+    p.add_argument(
+        "--efficiency",
+        default="1.0",
+        help="fraction of the link rate a collective achieves, (0, 1] (default: 1.0"
+        + ("; 'auto' fits it from communication-bound syncsgd trials)" if auto else ")"),
+    )
+    p.add_argument(
+        "--overlap-hooks",
+        action="store_true",
+        help="model compressor hooks as overlapping backward (default: they block it, as this project's "
+        "hooks run their collectives synchronously)",
+    )
 
 
 def add_commands(subparsers: Any) -> None:
     """Add `profile`, `predict` and `report` to the `testbed` argparse subparsers."""
-    p = subparsers.add_parser("profile", help="measure a model's compute and compressor costs (stored as JSON)",
-                              description="Measure forward/backward/optimizer time, DDP bucket readiness and each "
-                                          "compressor's payload and encode/decode time; store them for `predict`.")
+    p = subparsers.add_parser(
+        "profile",
+        help="measure a model's compute and compressor costs (stored as JSON)",
+        description="Measure forward/backward/optimizer time, DDP bucket readiness and each "
+        "compressor's payload and encode/decode time; store them for `predict`.",
+    )
     p.add_argument("--model", required=True, help="model name, e.g. resnet18")
     p.add_argument("--batch-size", type=int, default=32, help="per-worker batch size (default: 32)")
     p.add_argument("--compressors", help=f"comma-separated subset of {','.join(pm.COMPRESSORS)} (default: all)")
@@ -109,17 +118,23 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
     p.set_defaults(func=cmd_profile)
 
-    p = subparsers.add_parser("predict", help="predict iteration time, speedup and crossover per compressor",
-                              description="Predict iteration time per compressor across a bandwidth range from a "
-                                          "stored profile (measured first when there is none).")
+    p = subparsers.add_parser(
+        "predict",
+        help="predict iteration time, speedup and crossover per compressor",
+        description="Predict iteration time per compressor across a bandwidth range from a "
+        "stored profile (measured first when there is none).",
+    )
     p.add_argument("--model", help="model name (finds profiles/<model>-bs<batch>-<device>.json)")
     p.add_argument("--profile", help="a profile JSON measured elsewhere (e.g. on a GPU lab host)")
     p.add_argument("--batch-size", type=int, default=32, help="per-worker batch size of the profile (default: 32)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="profile device (default: cpu)")
     p.add_argument("--profiles", default=DEFAULT_PROFILES_DIR, help="profile directory (default: profiles/)")
     p.add_argument("--world-size", type=int, default=4, help="number of workers (default: 4)")
-    p.add_argument("--bw", default=DEFAULT_BW_RANGE,
-                   help="range 10mbit..10gbit (log grid), list 100mbit,1gbit, or one rate (default: %(default)s)")
+    p.add_argument(
+        "--bw",
+        default=DEFAULT_BW_RANGE,
+        help="range 10mbit..10gbit (log grid), list 100mbit,1gbit, or one rate (default: %(default)s)",
+    )
     p.add_argument("--points", type=int, default=25, help="grid points for a range (default: 25)")
     p.add_argument("--compute-speedup", default="1", help="what-if: forward/backward/optimizer k times faster")
     p.add_argument("--codec-speedup", default="1", help="what-if: encode/decode k times faster")
@@ -129,13 +144,19 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_predict)
 
-    p = subparsers.add_parser("report", help="plots and tables: measured curves beside the model",
-                              description="Write PNG figures, a self-contained report.html and summary.md from a "
-                                          "results directory.")
+    p = subparsers.add_parser(
+        "report",
+        help="plots and tables: measured curves beside the model",
+        description="Write PNG figures, a self-contained report.html and summary.md from a results directory.",
+    )
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="results directory of `testbed run`/`sweep`")
     p.add_argument("--out", default="report", help="output directory (default: report/)")
-    p.add_argument("--baseline", choices=pm.BASELINES, default="syncsgd",
-                   help="speedup baseline: syncsgd (fp32) or the fair 16-bit all-reduce (fp16, bf16)")
+    p.add_argument(
+        "--baseline",
+        choices=pm.BASELINES,
+        default="syncsgd",
+        help="speedup baseline: syncsgd (fp32) or the fair 16-bit all-reduce (fp16, bf16)",
+    )
     p.add_argument("--profiles", help="profile directory for predicted curves (default: profiles/ when present)")
     _model_flags(p, auto=True)
     p.add_argument("--json", action="store_true", help="machine-readable summary")
@@ -143,16 +164,33 @@ def add_commands(subparsers: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- profile
-def _measure(model: str, batch_size: int, compressors: list[str] | None, device: str, *, image_size=None,
-             seq_len=None, iters: int = 10, bucket_cap_mb: float = 25.0) -> pm.Profile:
+def _measure(
+    model: str,
+    batch_size: int,
+    compressors: list[str] | None,
+    device: str,
+    *,
+    image_size=None,
+    seq_len=None,
+    iters: int = 10,
+    bucket_cap_mb: float = 25.0,
+) -> pm.Profile:
     try:
         from runners.profile import profile_model
     except ImportError as exc:
         raise TestbedError(f"cannot measure a profile here: runners.profile is not available ({exc})") from exc
     console = _console()
     with console.status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor)..."):
-        data = profile_model(model, batch_size, compressors or list(pm.COMPRESSORS), image_size=image_size,
-                             seq_len=seq_len, iters=iters, bucket_cap_mb=bucket_cap_mb, device=device)
+        data = profile_model(
+            model,
+            batch_size,
+            compressors or list(pm.COMPRESSORS),
+            image_size=image_size,
+            seq_len=seq_len,
+            iters=iters,
+            bucket_cap_mb=bucket_cap_mb,
+            device=device,
+        )
     return pm.profile_from_dict(data, source=f"profile of {model}")
 
 
@@ -169,26 +207,41 @@ def save_profile(profile: pm.Profile, directory: str | Path) -> Path:
 
 
 def profile_table(profile: pm.Profile) -> Table:
-    t = Table(title=f"{profile.model} bs{profile.batch_size} on {profile.device}: forward "
-                    f"{profile.forward_s * 1e3:.1f} ms, backward {profile.backward_s * 1e3:.1f} ms, optimizer "
-                    f"{profile.optimizer_s * 1e3:.1f} ms, {len(profile.buckets)} bucket(s), "
-                    f"{profile.grad_bytes / 1e6:.1f} MB of gradients")
+    t = Table(
+        title=f"{profile.model} bs{profile.batch_size} on {profile.device}: forward "
+        f"{profile.forward_s * 1e3:.1f} ms, backward {profile.backward_s * 1e3:.1f} ms, optimizer "
+        f"{profile.optimizer_s * 1e3:.1f} ms, {len(profile.buckets)} bucket(s), "
+        f"{profile.grad_bytes / 1e6:.1f} MB of gradients"
+    )
     for col in ("compressor", "collective", "rounds", "payload MB", "ratio", "encode ms", "decode ms"):
         t.add_column(col, justify="left" if col in ("compressor", "collective") else "right")
     for name in profile.compressor_names():
         c = profile.compressor(name)
-        t.add_row(name, c.collective, str(c.rounds), f"{c.payload_bytes / 1e6:.3f}",
-                  f"{profile.grad_bytes / c.payload_bytes:.1f}x" if c.payload_bytes else "-",
-                  f"{c.encode_s * 1e3:.2f}", f"{c.decode_s * 1e3:.2f}")
+        t.add_row(
+            name,
+            c.collective,
+            str(c.rounds),
+            f"{c.payload_bytes / 1e6:.3f}",
+            f"{profile.grad_bytes / c.payload_bytes:.1f}x" if c.payload_bytes else "-",
+            f"{c.encode_s * 1e3:.2f}",
+            f"{c.decode_s * 1e3:.2f}",
+        )
     return t
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     if args.batch_size < 1 or args.iters < 1:
         raise InputError("--batch-size and --iters must be >= 1")
-    profile = _measure(args.model, args.batch_size, parse_compressors(args.compressors), args.device,
-                       image_size=args.image_size, seq_len=args.seq_len, iters=args.iters,
-                       bucket_cap_mb=args.bucket_cap_mb)
+    profile = _measure(
+        args.model,
+        args.batch_size,
+        parse_compressors(args.compressors),
+        args.device,
+        image_size=args.image_size,
+        seq_len=args.seq_len,
+        iters=args.iters,
+        bucket_cap_mb=args.bucket_cap_mb,
+    )
     path = save_profile(profile, args.out)
     if args.json:
         sys.stdout.write(json.dumps({"path": str(path), **pm.profile_to_dict(profile)}, indent=2) + "\n")
@@ -227,8 +280,10 @@ def predict_data(profile: pm.Profile, source: str, args: argparse.Namespace) -> 
     """Everything `predict` shows, as plain data (the --json output)."""
     bws = parse_bandwidths(args.bw, args.points)
     latency_s, efficiency = _latency_s(args.latency), _efficiency(args.efficiency)
-    compute_k, codec_k = _positive(args.compute_speedup, "--compute-speedup"), _positive(args.codec_speedup,
-                                                                                          "--codec-speedup")
+    compute_k, codec_k = (
+        _positive(args.compute_speedup, "--compute-speedup"),
+        _positive(args.codec_speedup, "--codec-speedup"),
+    )
     if args.world_size < 1:
         raise InputError(f"--world-size {args.world_size}: expected >= 1")
     names = parse_compressors(args.compressors) or profile.compressor_names()
@@ -237,20 +292,45 @@ def predict_data(profile: pm.Profile, source: str, args: argparse.Namespace) -> 
     available = profile.compressor_names()
     missing = [n for n in [*names, args.baseline] if n not in available]
     if missing:
-        raise InputError(f"compressor(s) {', '.join(missing)} not in profile {source}; "
-                         f"profiled: {', '.join(available)}")
+        raise InputError(
+            f"compressor(s) {', '.join(missing)} not in profile {source}; profiled: {', '.join(available)}"
+        )
     prof = pm.what_if(profile, compute_speedup=compute_k, codec_speedup=codec_k)
     blocks = not args.overlap_hooks
-    curves = pm.predict_curves(prof, args.world_size, bws, compressors=sorted(set(names) | {args.baseline}),
-                               latency_s=latency_s, efficiency=efficiency, hook_blocks_backward=blocks)
-    summary = pm.summarize(prof, args.world_size, bws, baseline=args.baseline, compressors=names,
-                           latency_s=latency_s, efficiency=efficiency, hook_blocks_backward=blocks)
+    curves = pm.predict_curves(
+        prof,
+        args.world_size,
+        bws,
+        compressors=sorted(set(names) | {args.baseline}),
+        latency_s=latency_s,
+        efficiency=efficiency,
+        hook_blocks_backward=blocks,
+    )
+    summary = pm.summarize(
+        prof,
+        args.world_size,
+        bws,
+        baseline=args.baseline,
+        compressors=names,
+        latency_s=latency_s,
+        efficiency=efficiency,
+        hook_blocks_backward=blocks,
+    )
     base = curves[args.baseline]
     out = {
-        "profile": source, "model": profile.model, "batch_size": profile.batch_size, "device": profile.device,
-        "world_size": args.world_size, "latency_s": latency_s, "efficiency": efficiency,
-        "compute_speedup": compute_k, "codec_speedup": codec_k, "hook_blocks_backward": blocks,
-        "baseline": args.baseline, "bandwidths_bps": bws, "compressors": {},
+        "profile": source,
+        "model": profile.model,
+        "batch_size": profile.batch_size,
+        "device": profile.device,
+        "world_size": args.world_size,
+        "latency_s": latency_s,
+        "efficiency": efficiency,
+        "compute_speedup": compute_k,
+        "codec_speedup": codec_k,
+        "hook_blocks_backward": blocks,
+        "baseline": args.baseline,
+        "bandwidths_bps": bws,
+        "compressors": {},
     }
     for n in names:
         s = summary[n]
@@ -258,9 +338,11 @@ def predict_data(profile: pm.Profile, source: str, args: argparse.Namespace) -> 
         out["compressors"][n] = {
             "iter_time_s": [p.iter_time_s for p in curves[n]],
             "speedup": [b.iter_time_s / p.iter_time_s for b, p in zip(base, curves[n], strict=True)],
-            "max_speedup": s.max_speedup, "max_speedup_at_bps": s.at_bps,
-            "crossover": None if n == args.baseline else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps,
-                                                         "wins_below": cx.wins_below},
+            "max_speedup": s.max_speedup,
+            "max_speedup_at_bps": s.at_bps,
+            "crossover": None
+            if n == args.baseline
+            else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps, "wins_below": cx.wins_below},
         }
     return out
 
@@ -290,9 +372,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         knobs.append(f"compute {data['compute_speedup']:g}x faster")
     if data["codec_speedup"] != 1:
         knobs.append(f"encode/decode {data['codec_speedup']:g}x faster")
-    title = (f"{profile.model} bs{profile.batch_size} ({profile.device} profile), {data['world_size']} workers, "
-             f"latency {data['latency_s'] * 1e6:g} us, efficiency {data['efficiency']:g}"
-             + (f", what-if: {', '.join(knobs)}" if knobs else ""))
+    title = (
+        f"{profile.model} bs{profile.batch_size} ({profile.device} profile), {data['world_size']} workers, "
+        f"latency {data['latency_s'] * 1e6:g} us, efficiency {data['efficiency']:g}"
+        + (f", what-if: {', '.join(knobs)}" if knobs else "")
+    )
     console.print(title)
     t = Table(title="predicted iteration time (ms)")
     t.add_column("bandwidth", justify="right")
@@ -307,10 +391,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
             cells.append(f"[bold green]{txt}[/]" if c["iter_time_s"][i] == best else txt)
         t.add_row(pm._fmt_bps(b), *cells)
     console.print(t)
-    s = Table(title=f"speedup over {data['baseline']} and crossover bandwidth B* "
-                    f"({format_rate(min(data['bandwidths_bps']))}..{format_rate(max(data['bandwidths_bps']))})")
-    for col in ("compressor", f"speedup @ {format_rate(data['bandwidths_bps'][0])}",
-                f"speedup @ {format_rate(data['bandwidths_bps'][-1])}", "best speedup", "crossover B*"):
+    s = Table(
+        title=f"speedup over {data['baseline']} and crossover bandwidth B* "
+        f"({format_rate(min(data['bandwidths_bps']))}..{format_rate(max(data['bandwidths_bps']))})"
+    )
+    for col in (
+        "compressor",
+        f"speedup @ {format_rate(data['bandwidths_bps'][0])}",
+        f"speedup @ {format_rate(data['bandwidths_bps'][-1])}",
+        "best speedup",
+        "crossover B*",
+    ):
         s.add_column(col, justify="left" if col == "compressor" else "right")
     for n in names:
         c = data["compressors"][n]
@@ -321,8 +412,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
             cx_txt = f"{pm._fmt_bps(cx['bandwidth_bps'])} (faster {'below' if cx['wins_below'] else 'above'})"
         else:
             cx_txt = f"{cx['kind']} faster"
-        s.add_row(n, f"{c['speedup'][0]:.2f}x", f"{c['speedup'][-1]:.2f}x",
-                  f"{c['max_speedup']:.2f}x @ {pm._fmt_bps(c['max_speedup_at_bps'])}", cx_txt)
+        s.add_row(
+            n,
+            f"{c['speedup'][0]:.2f}x",
+            f"{c['speedup'][-1]:.2f}x",
+            f"{c['max_speedup']:.2f}x @ {pm._fmt_bps(c['max_speedup_at_bps'])}",
+            cx_txt,
+        )
     console.print(s)
     console.print(f"profile: {source}; hooks {'block' if data['hook_blocks_backward'] else 'overlap'} backward")
     return 0
@@ -339,14 +435,32 @@ def cmd_report(args: argparse.Namespace) -> int:
         profiles_dir = DEFAULT_PROFILES_DIR
     elif profiles_dir is not None and not Path(profiles_dir).is_dir():
         raise InputError(f"--profiles {profiles_dir}: no such directory; expected the --out of `testbed profile`")
-    res = report_from_dir(args.results_dir, args.out, baseline=args.baseline, profiles_dir=profiles_dir,
-                          latency_s=latency_s, efficiency=efficiency, hook_blocks_backward=not args.overlap_hooks)
+    res = report_from_dir(
+        args.results_dir,
+        args.out,
+        baseline=args.baseline,
+        profiles_dir=profiles_dir,
+        latency_s=latency_s,
+        efficiency=efficiency,
+        hook_blocks_backward=not args.overlap_hooks,
+    )
     if args.json:
-        sys.stdout.write(json.dumps({
-            "headline": res.headline, "wins": res.wins, "configurations": res.configurations,
-            "baseline": args.baseline, "html": str(res.html), "markdown": str(res.markdown),
-            "figures": [str(p) for p in res.figures], "notes": list(res.notes),
-        }, indent=2) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "headline": res.headline,
+                    "wins": res.wins,
+                    "configurations": res.configurations,
+                    "baseline": args.baseline,
+                    "html": str(res.html),
+                    "markdown": str(res.markdown),
+                    "figures": [str(p) for p in res.figures],
+                    "notes": list(res.notes),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         return 0
     console = _console()
     console.print(f"[bold]{res.headline}[/]")

@@ -337,8 +337,14 @@ def pick_profile(profiles: Iterable[Profile], model: str, batch_size: int | None
 
 
 # --------------------------------------------------------------------------------------------- cost formulas
-def allreduce_time_s(n_bytes: float, world_size: int, bandwidth_bps: float, latency_s: float = 0.0,
-                     efficiency: float = 1.0, rounds: int = 1) -> float:
+def allreduce_time_s(
+    n_bytes: float,
+    world_size: int,
+    bandwidth_bps: float,
+    latency_s: float = 0.0,
+    efficiency: float = 1.0,
+    rounds: int = 1,
+) -> float:
     """Ring all-reduce of `n_bytes` in total over `rounds` dependent rounds: 2(p-1)a*r + 2(p-1)/p * 8n/B_eff."""
     p = world_size
     if p <= 1:
@@ -346,8 +352,14 @@ def allreduce_time_s(n_bytes: float, world_size: int, bandwidth_bps: float, late
     return 2 * (p - 1) * latency_s * rounds + 2 * (p - 1) / p * 8.0 * n_bytes / (bandwidth_bps * efficiency)
 
 
-def allgather_time_s(n_bytes_per_worker: float, world_size: int, bandwidth_bps: float, latency_s: float = 0.0,
-                     efficiency: float = 1.0, rounds: int = 1) -> float:
+def allgather_time_s(
+    n_bytes_per_worker: float,
+    world_size: int,
+    bandwidth_bps: float,
+    latency_s: float = 0.0,
+    efficiency: float = 1.0,
+    rounds: int = 1,
+) -> float:
     """Ring all-gather of `n_bytes_per_worker` from each worker: (p-1)a*r + (p-1) * 8n_c/B_eff."""
     p = world_size
     if p <= 1:
@@ -366,8 +378,9 @@ def collective_time_s(collective: str, n_bytes: float, rounds: int, net: Network
 
 
 # --------------------------------------------------------------------------------------------- iteration model
-def predict_iteration(profile: Profile, compressor: str, net: Network, *,
-                      hook_blocks_backward: bool = True) -> Prediction:
+def predict_iteration(
+    profile: Profile, compressor: str, net: Network, *, hook_blocks_backward: bool = True
+) -> Prediction:
     """Predicted time of one training iteration with `compressor` on `net` (see the module docstring)."""
     comp = profile.compressor(compressor)
     f, bw, opt = profile.forward_s, profile.backward_s, profile.optimizer_s
@@ -375,8 +388,21 @@ def predict_iteration(profile: Profile, compressor: str, net: Network, *,
     blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
 
     def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
-        return Prediction(compressor, p, net.bandwidth_bps, iter_s, f, bw, opt, enc, comm, dec,
-                          p * profile.batch_size / iter_s if iter_s > 0 else math.inf, blocks, tl)
+        return Prediction(
+            compressor,
+            p,
+            net.bandwidth_bps,
+            iter_s,
+            f,
+            bw,
+            opt,
+            enc,
+            comm,
+            dec,
+            p * profile.batch_size / iter_s if iter_s > 0 else math.inf,
+            blocks,
+            tl,
+        )
 
     if p == 1:
         return result(f + bw + opt, 0.0, 0.0, 0.0, ())
@@ -415,16 +441,27 @@ def predict_iteration(profile: Profile, compressor: str, net: Network, *,
     return result(f + backward_end + opt, enc_total, comm_total, dec_total, tuple(timeline))
 
 
-def predict_curves(profile: Profile, world_size: int, bandwidths_bps: Sequence[float], *,
-                   compressors: Sequence[str] | None = None, latency_s: float = 0.0, efficiency: float = 1.0,
-                   hook_blocks_backward: bool = True) -> dict[str, list[Prediction]]:
+def predict_curves(
+    profile: Profile,
+    world_size: int,
+    bandwidths_bps: Sequence[float],
+    *,
+    compressors: Sequence[str] | None = None,
+    latency_s: float = 0.0,
+    efficiency: float = 1.0,
+    hook_blocks_backward: bool = True,
+) -> dict[str, list[Prediction]]:
     """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth."""
     names = list(compressors) if compressors else profile.compressor_names()
     out: dict[str, list[Prediction]] = {}
     for name in names:
         out[name] = [
-            predict_iteration(profile, name, Network(world_size, float(b), latency_s, efficiency),
-                              hook_blocks_backward=hook_blocks_backward)
+            predict_iteration(
+                profile,
+                name,
+                Network(world_size, float(b), latency_s, efficiency),
+                hook_blocks_backward=hook_blocks_backward,
+            )
             for b in bandwidths_bps
         ]
     return out
@@ -444,8 +481,9 @@ def log_grid(low_bps: float, high_bps: float, points: int) -> list[float]:
     return grid
 
 
-def find_crossover(diff: Callable[[float], float], low_bps: float, high_bps: float, *, points: int = 64,
-                   rel_tol: float = 1e-6) -> tuple[str, float | None, bool | None, tuple[float, ...]]:
+def find_crossover(
+    diff: Callable[[float], float], low_bps: float, high_bps: float, *, points: int = 64, rel_tol: float = 1e-6
+) -> tuple[str, float | None, bool | None, tuple[float, ...]]:
     """Roots of `diff(B) = t_compressor(B) - t_baseline(B)` on a log grid, refined by bisection in log(B).
 
     Returns (kind, bandwidth_bps, wins_below, all crossings). Compressor "wins" where diff < 0.
@@ -478,17 +516,29 @@ def find_crossover(diff: Callable[[float], float], low_bps: float, high_bps: flo
     return "crossover", crossings[0][0], False, tuple(b for b, _ in crossings)
 
 
-def crossover(profile: Profile, compressor: str, world_size: int, low_bps: float, high_bps: float, *,
-              baseline: str = "syncsgd", latency_s: float = 0.0, efficiency: float = 1.0,
-              hook_blocks_backward: bool = True, points: int = 64) -> Crossover:
+def crossover(
+    profile: Profile,
+    compressor: str,
+    world_size: int,
+    low_bps: float,
+    high_bps: float,
+    *,
+    baseline: str = "syncsgd",
+    latency_s: float = 0.0,
+    efficiency: float = 1.0,
+    hook_blocks_backward: bool = True,
+    points: int = 64,
+) -> Crossover:
     """Bandwidth B* in [low, high] where `compressor`'s predicted iteration time equals `baseline`'s."""
 
     def t(name: str, b: float) -> float:
-        return predict_iteration(profile, name, Network(world_size, b, latency_s, efficiency),
-                                 hook_blocks_backward=hook_blocks_backward).iter_time_s
+        return predict_iteration(
+            profile, name, Network(world_size, b, latency_s, efficiency), hook_blocks_backward=hook_blocks_backward
+        ).iter_time_s
 
     kind, b_star, wins_below, crossings = find_crossover(
-        lambda b: t(compressor, b) - t(baseline, b), low_bps, high_bps, points=points)
+        lambda b: t(compressor, b) - t(baseline, b), low_bps, high_bps, points=points
+    )
     return Crossover(compressor, baseline, kind, b_star, float(low_bps), float(high_bps), wins_below, crossings)
 
 
@@ -501,22 +551,49 @@ class SpeedupSummary:
     crossover: Crossover
 
 
-def summarize(profile: Profile, world_size: int, bandwidths_bps: Sequence[float], *, baseline: str = "syncsgd",
-              compressors: Sequence[str] | None = None, latency_s: float = 0.0, efficiency: float = 1.0,
-              hook_blocks_backward: bool = True) -> dict[str, SpeedupSummary]:
+def summarize(
+    profile: Profile,
+    world_size: int,
+    bandwidths_bps: Sequence[float],
+    *,
+    baseline: str = "syncsgd",
+    compressors: Sequence[str] | None = None,
+    latency_s: float = 0.0,
+    efficiency: float = 1.0,
+    hook_blocks_backward: bool = True,
+) -> dict[str, SpeedupSummary]:
     """Best speedup over `baseline` in the range, and the crossover, per compressor."""
     names = list(compressors) if compressors else profile.compressor_names()
-    curves = predict_curves(profile, world_size, bandwidths_bps, compressors=sorted(set(names) | {baseline}),
-                            latency_s=latency_s, efficiency=efficiency, hook_blocks_backward=hook_blocks_backward)
+    curves = predict_curves(
+        profile,
+        world_size,
+        bandwidths_bps,
+        compressors=sorted(set(names) | {baseline}),
+        latency_s=latency_s,
+        efficiency=efficiency,
+        hook_blocks_backward=hook_blocks_backward,
+    )
     base = curves[baseline]
     lo, hi = min(bandwidths_bps), max(bandwidths_bps)
     out = {}
     for name in names:
         speedups = [b.iter_time_s / c.iter_time_s for b, c in zip(base, curves[name], strict=True)]
         i = max(range(len(speedups)), key=speedups.__getitem__)
-        cx = (crossover(profile, name, world_size, lo, hi, baseline=baseline, latency_s=latency_s,
-                        efficiency=efficiency, hook_blocks_backward=hook_blocks_backward)
-              if lo < hi else Crossover(name, baseline, "always" if speedups[0] > 1 else "never", None, lo, hi))
+        cx = (
+            crossover(
+                profile,
+                name,
+                world_size,
+                lo,
+                hi,
+                baseline=baseline,
+                latency_s=latency_s,
+                efficiency=efficiency,
+                hook_blocks_backward=hook_blocks_backward,
+            )
+            if lo < hi
+            else Crossover(name, baseline, "always" if speedups[0] > 1 else "never", None, lo, hi)
+        )
         out[name] = SpeedupSummary(name, baseline, speedups[i], float(bandwidths_bps[i]), cx)
     return out
 
@@ -540,8 +617,7 @@ def with_codec_speedup(profile: Profile, k: float) -> Profile:
     if not k > 0:
         raise InputError(f"codec speedup {k!r}: expected > 0")
     comps = {
-        name: replace(c, buckets=tuple(replace(b, encode_s=b.encode_s / k, decode_s=b.decode_s / k)
-                                       for b in c.buckets))
+        name: replace(c, buckets=tuple(replace(b, encode_s=b.encode_s / k, decode_s=b.decode_s / k) for b in c.buckets))
         for name, c in profile.compressors.items()
     }
     return replace(profile, compressors=comps)
@@ -586,43 +662,91 @@ SYNTHETIC_CODECS: dict[str, tuple[str, int, float, float, float]] = {
 }
 
 
-def synthetic_profile_dict(model: str = "synthetic", batch_size: int = 32, *, forward_s: float = 0.03,
-                           backward_s: float = 0.06, optimizer_s: float = 0.005, grad_bytes: int = 46_800_000,
-                           n_buckets: int = 2,
-                           codecs: Mapping[str, tuple[str, int, float, float, float]] | None = None) -> dict:
+def synthetic_profile_dict(
+    model: str = "synthetic",
+    batch_size: int = 32,
+    *,
+    forward_s: float = 0.03,
+    backward_s: float = 0.06,
+    optimizer_s: float = 0.005,
+    grad_bytes: int = 46_800_000,
+    n_buckets: int = 2,
+    codecs: Mapping[str, tuple[str, int, float, float, float]] | None = None,
+) -> dict:
     """A `testbed.profile/1` dict built from a handful of numbers (buckets equal, ready evenly over backward).
 
     `codecs` maps compressor name to (collective, rounds, payload/grad ratio, encode_s, decode_s) totals.
     """
     codecs = SYNTHETIC_CODECS if codecs is None else codecs
     per = grad_bytes // n_buckets
-    buckets = [{"index": i, "grad_bytes": per, "numel": per // 4, "ready_at_s": backward_s * (i + 1) / n_buckets}
-               for i in range(n_buckets)]
+    buckets = [
+        {"index": i, "grad_bytes": per, "numel": per // 4, "ready_at_s": backward_s * (i + 1) / n_buckets}
+        for i in range(n_buckets)
+    ]
     comps = {
-        name: {"options": {}, "collective": coll, "rounds": rounds,
-               "buckets": [{"index": i, "payload_bytes": int(per * ratio), "encode_s": enc / n_buckets,
-                            "decode_s": dec / n_buckets} for i in range(n_buckets)]}
+        name: {
+            "options": {},
+            "collective": coll,
+            "rounds": rounds,
+            "buckets": [
+                {
+                    "index": i,
+                    "payload_bytes": int(per * ratio),
+                    "encode_s": enc / n_buckets,
+                    "decode_s": dec / n_buckets,
+                }
+                for i in range(n_buckets)
+            ],
+        }
         for name, (coll, rounds, ratio, enc, dec) in codecs.items()
     }
-    return {"schema": PROFILE_SCHEMA, "model": model, "batch_size": batch_size, "image_size": None,
-            "seq_len": None, "device": "cpu", "torch_version": "", "hostname": "synthetic", "bucket_cap_mb": 25.0,
-            "forward_s": forward_s, "backward_s": backward_s, "optimizer_s": optimizer_s, "buckets": buckets,
-            "compressors": comps}
+    return {
+        "schema": PROFILE_SCHEMA,
+        "model": model,
+        "batch_size": batch_size,
+        "image_size": None,
+        "seq_len": None,
+        "device": "cpu",
+        "torch_version": "",
+        "hostname": "synthetic",
+        "bucket_cap_mb": 25.0,
+        "forward_s": forward_s,
+        "backward_s": backward_s,
+        "optimizer_s": optimizer_s,
+        "buckets": buckets,
+        "compressors": comps,
+    }
 
 
 def profile_to_dict(profile: Profile) -> dict:
     """Inverse of `profile_from_dict` (for storing a profile after a what-if)."""
     return {
-        "schema": PROFILE_SCHEMA, "model": profile.model, "batch_size": profile.batch_size,
-        "image_size": profile.image_size, "seq_len": profile.seq_len, "device": profile.device,
-        "torch_version": profile.torch_version, "hostname": profile.hostname, "bucket_cap_mb": profile.bucket_cap_mb,
-        "forward_s": profile.forward_s, "backward_s": profile.backward_s, "optimizer_s": profile.optimizer_s,
-        "buckets": [{"index": b.index, "grad_bytes": b.grad_bytes, "numel": b.numel, "ready_at_s": b.ready_at_s}
-                    for b in profile.buckets],
+        "schema": PROFILE_SCHEMA,
+        "model": profile.model,
+        "batch_size": profile.batch_size,
+        "image_size": profile.image_size,
+        "seq_len": profile.seq_len,
+        "device": profile.device,
+        "torch_version": profile.torch_version,
+        "hostname": profile.hostname,
+        "bucket_cap_mb": profile.bucket_cap_mb,
+        "forward_s": profile.forward_s,
+        "backward_s": profile.backward_s,
+        "optimizer_s": profile.optimizer_s,
+        "buckets": [
+            {"index": b.index, "grad_bytes": b.grad_bytes, "numel": b.numel, "ready_at_s": b.ready_at_s}
+            for b in profile.buckets
+        ],
         "compressors": {
-            n: {"options": dict(c.options), "collective": c.collective, "rounds": c.rounds,
-                "buckets": [{"index": b.index, "payload_bytes": b.payload_bytes, "encode_s": b.encode_s,
-                             "decode_s": b.decode_s} for b in c.buckets]}
+            n: {
+                "options": dict(c.options),
+                "collective": c.collective,
+                "rounds": c.rounds,
+                "buckets": [
+                    {"index": b.index, "payload_bytes": b.payload_bytes, "encode_s": b.encode_s, "decode_s": b.decode_s}
+                    for b in c.buckets
+                ],
+            }
             for n, c in profile.compressors.items()
         },
     }

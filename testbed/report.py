@@ -32,14 +32,20 @@ from testbed.errors import InputError  # noqa: E402
 
 SCHEMA_VERSION = 1
 REQUIRED_COLUMNS = (
-    "schema_version", "trial_id", "status", "rate_bps", "world_size", "model", "batch_size", "compressor",
+    "schema_version",
+    "trial_id",
+    "status",
+    "rate_bps",
+    "world_size",
+    "model",
+    "batch_size",
+    "compressor",
     "iter_time_s_p50",
 )
 PHASE_COLUMNS = ("forward_s", "backward_s", "optimizer_s", "encode_s", "comm_s", "decode_s")
 DENSE_BASELINES = ("syncsgd", "fp16", "bf16")
 GROUP_KEYS = ["model", "batch_size", "world_size"]
-_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf"]
+_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
 
 @dataclass(frozen=True)
@@ -108,21 +114,34 @@ def check_results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict[str, 
     notes: list[str] = []
     versions = sorted({int(v) for v in df["schema_version"].dropna().unique()})
     if SCHEMA_VERSION not in versions:
-        raise InputError(f"results: schema_version {', '.join(map(str, versions)) or 'missing'} is not supported; "
-                         f"this report reads version {SCHEMA_VERSION}")
+        raise InputError(
+            f"results: schema_version {', '.join(map(str, versions)) or 'missing'} is not supported; "
+            f"this report reads version {SCHEMA_VERSION}"
+        )
     if len(versions) > 1:
         other = df["schema_version"] != SCHEMA_VERSION
-        notes.append(f"{int(other.sum())} trial(s) with schema_version "
-                     f"{', '.join(str(v) for v in versions if v != SCHEMA_VERSION)} skipped "
-                     f"(mixed schema versions; this report reads version {SCHEMA_VERSION})")
+        notes.append(
+            f"{int(other.sum())} trial(s) with schema_version "
+            f"{', '.join(str(v) for v in versions if v != SCHEMA_VERSION)} skipped "
+            f"(mixed schema versions; this report reads version {SCHEMA_VERSION})"
+        )
         df = df[~other]
     counts = {str(k): int(v) for k, v in df["status"].value_counts().items()}
     ok = df[df["status"] == "ok"].copy()
     if ok.empty:
-        raise InputError(f"results: no trial with status ok ({', '.join(f'{v} {k}' for k, v in counts.items())}); "
-                         "nothing to plot")
-    for c in ("iter_time_s_p5", "iter_time_s_p95", "iter_time_s_mean", "samples_per_s", "delay_s",
-              "measured_goodput_bps", "compressor_options", *PHASE_COLUMNS):
+        raise InputError(
+            f"results: no trial with status ok ({', '.join(f'{v} {k}' for k, v in counts.items())}); nothing to plot"
+        )
+    for c in (
+        "iter_time_s_p5",
+        "iter_time_s_p95",
+        "iter_time_s_mean",
+        "samples_per_s",
+        "delay_s",
+        "measured_goodput_bps",
+        "compressor_options",
+        *PHASE_COLUMNS,
+    ):
         if c not in ok.columns:
             ok[c] = np.nan
     ok["t_s"] = ok["iter_time_s_p50"].fillna(ok["iter_time_s_mean"])
@@ -140,11 +159,19 @@ def check_results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict[str, 
 def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, batch, world, variant, rate): pooled repeats."""
     keys = [*GROUP_KEYS, "variant", "compressor", "rate_bps"]
-    agg = ok.groupby(keys, dropna=False).agg(
-        t_s=("t_s", "median"), lo_s=("lo_s", "min"), hi_s=("hi_s", "max"), trials=("trial_id", "count"),
-        samples_per_s=("samples_per_s", "median"), delay_s=("delay_s", "median"),
-        **{c: (c, "mean") for c in PHASE_COLUMNS},
-    ).reset_index()
+    agg = (
+        ok.groupby(keys, dropna=False)
+        .agg(
+            t_s=("t_s", "median"),
+            lo_s=("lo_s", "min"),
+            hi_s=("hi_s", "max"),
+            trials=("trial_id", "count"),
+            samples_per_s=("samples_per_s", "median"),
+            delay_s=("delay_s", "median"),
+            **{c: (c, "mean") for c in PHASE_COLUMNS},
+        )
+        .reset_index()
+    )
     return agg
 
 
@@ -160,8 +187,7 @@ def speedup_table(agg: pd.DataFrame, baseline: str) -> tuple[pd.DataFrame, list[
             notes.append(f"{_group_label(*key)}: no ok {baseline} trials; reported without speedups")
         elif g["base_t_s"].isna().any():
             rates = sorted({fmt_rate(r) for r in g.loc[g["base_t_s"].isna(), "rate_bps"]})
-            notes.append(f"{_group_label(*key)}: no ok {baseline} trials at {', '.join(rates)}; "
-                         "no speedups there")
+            notes.append(f"{_group_label(*key)}: no ok {baseline} trials at {', '.join(rates)}; no speedups there")
     return out, notes
 
 
@@ -177,8 +203,10 @@ def headline(sp: pd.DataFrame, baseline: str) -> tuple[str, int, int]:
     text = f"Compression beat {baseline_description(baseline)} in {n} of {m} configurations"
     if m:
         best = rows.loc[rows["speedup"].idxmax()]
-        text += (f" (best: {best['variant']} {best['speedup']:.2f}x on {_group_label(best['model'], best['batch_size'], best['world_size'])}"
-                 f" at {fmt_rate(best['rate_bps'])})")
+        text += (
+            f" (best: {best['variant']} {best['speedup']:.2f}x on {_group_label(best['model'], best['batch_size'], best['world_size'])}"
+            f" at {fmt_rate(best['rate_bps'])})"
+        )
     return text + ".", n, m
 
 
@@ -188,8 +216,9 @@ def measured_crossover(rates_bps: Sequence[float], speedups: Sequence[float]) ->
     Returns ("crossover", B) for the highest rate where it goes from faster to slower (or the first crossing the
     other way), ("always"/"never", None), or ("n/a", None) when fewer than two rates have a speedup.
     """
-    pts = sorted((r, s) for r, s in zip(rates_bps, speedups, strict=True) if r and r > 0 and s and s > 0
-                 and not math.isnan(s))
+    pts = sorted(
+        (r, s) for r, s in zip(rates_bps, speedups, strict=True) if r and r > 0 and s and s > 0 and not math.isnan(s)
+    )
     if len(pts) < 2:
         return "n/a", None
     wins = [s > 1.0 for _, s in pts]
@@ -237,18 +266,44 @@ def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: Model
         bps = r["rate_bps"] if r["rate_bps"] > 0 else r.get("measured_goodput_bps")
         if not bps or (isinstance(bps, float) and math.isnan(bps)):
             continue
-        pred = pm.predict_iteration(prof, r["compressor"], _net(r["world_size"], bps, r["delay_s"], s),
-                                    hook_blocks_backward=s.hook_blocks_backward).iter_time_s
-        rows.append({"trial_id": r["trial_id"], "model": r["model"], "batch_size": int(r["batch_size"]),
-                     "world_size": int(r["world_size"]), "bandwidth": fmt_rate(r["rate_bps"]),
-                     "compressor": r["variant"], "measured_ms": r["t_s"] * 1e3, "predicted_ms": pred * 1e3,
-                     "error_pct": (pred - r["t_s"]) / r["t_s"] * 100})
-    return pd.DataFrame(rows, columns=["trial_id", "model", "batch_size", "world_size", "bandwidth", "compressor",
-                                       "measured_ms", "predicted_ms", "error_pct"])
+        pred = pm.predict_iteration(
+            prof,
+            r["compressor"],
+            _net(r["world_size"], bps, r["delay_s"], s),
+            hook_blocks_backward=s.hook_blocks_backward,
+        ).iter_time_s
+        rows.append(
+            {
+                "trial_id": r["trial_id"],
+                "model": r["model"],
+                "batch_size": int(r["batch_size"]),
+                "world_size": int(r["world_size"]),
+                "bandwidth": fmt_rate(r["rate_bps"]),
+                "compressor": r["variant"],
+                "measured_ms": r["t_s"] * 1e3,
+                "predicted_ms": pred * 1e3,
+                "error_pct": (pred - r["t_s"]) / r["t_s"] * 100,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "trial_id",
+            "model",
+            "batch_size",
+            "world_size",
+            "bandwidth",
+            "compressor",
+            "measured_ms",
+            "predicted_ms",
+            "error_pct",
+        ],
+    )
 
 
-def fit_efficiency_from_trials(ok: pd.DataFrame, profiles: Sequence[pm.Profile], latency_s: float,
-                               hook_blocks_backward: bool = True) -> tuple[float | None, int]:
+def fit_efficiency_from_trials(
+    ok: pd.DataFrame, profiles: Sequence[pm.Profile], latency_s: float, hook_blocks_backward: bool = True
+) -> tuple[float | None, int]:
     """Efficiency that makes predicted syncsgd iteration times match the measured ones (median over trials).
 
     Uses shaped syncsgd trials whose prediction at efficiency 1 is communication-bound (exposed time at least half
@@ -304,12 +359,20 @@ def _legend(ax, *more) -> None:
         for h, label in zip(*a.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, h)
     if seen:
-        ax.legend(list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
-                  frameon=False)
+        ax.legend(
+            list(seen.values()), list(seen), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False
+        )
 
 
-def plot_time_vs_bandwidth(g: pd.DataFrame, key: tuple, baseline: str, colors: dict[str, str],
-                           prof: pm.Profile | None, s: ModelSettings, path: Path) -> tuple[Path, list[dict]]:
+def plot_time_vs_bandwidth(
+    g: pd.DataFrame,
+    key: tuple,
+    baseline: str,
+    colors: dict[str, str],
+    prof: pm.Profile | None,
+    s: ModelSettings,
+    path: Path,
+) -> tuple[Path, list[dict]]:
     model, bs, ws = key
     unshaped_x, xpos = _x_positions(g["rate_bps"])
     fig = Figure(figsize=(9.5, 7.5))
@@ -324,8 +387,12 @@ def plot_time_vs_bandwidth(g: pd.DataFrame, key: tuple, baseline: str, colors: d
         names = [v for v in variants if v.split("[")[0] in prof.compressor_names()]
         for v in names:
             c = v.split("[")[0]
-            curves[v] = [pm.predict_iteration(prof, c, _net(ws, b, delay, s),
-                                              hook_blocks_backward=s.hook_blocks_backward).iter_time_s for b in grid]
+            curves[v] = [
+                pm.predict_iteration(
+                    prof, c, _net(ws, b, delay, s), hook_blocks_backward=s.hook_blocks_backward
+                ).iter_time_s
+                for b in grid
+            ]
     base_curve = curves.get(baseline) if baseline in curves else None
     if prof is not None and grid and base_curve is None and baseline in prof.compressor_names():
         base_curve = [pm.predict_iteration(prof, baseline, _net(ws, b, delay, s)).iter_time_s for b in grid]
@@ -333,31 +400,55 @@ def plot_time_vs_bandwidth(g: pd.DataFrame, key: tuple, baseline: str, colors: d
         d = g[g["variant"] == v].sort_values("rate_bps")
         x = [xpos[r] for r in d["rate_bps"]]
         yerr = [d["t_s"] - d["lo_s"], d["hi_s"] - d["t_s"]]
-        ax_t.errorbar(x, d["t_s"], yerr=np.clip(np.array(yerr, dtype=float), 0, None), fmt="o", color=colors[v],
-                      capsize=3, label=f"{v} measured")
+        ax_t.errorbar(
+            x,
+            d["t_s"],
+            yerr=np.clip(np.array(yerr, dtype=float), 0, None),
+            fmt="o",
+            color=colors[v],
+            capsize=3,
+            label=f"{v} measured",
+        )
         if v in curves:
             ax_t.plot(grid, curves[v], "-", color=colors[v], alpha=0.7, label=f"{v} model")
         if d["speedup"].notna().any():
             ax_s.plot(x, d["speedup"], "o", color=colors[v], label=v)
         if v in curves and base_curve is not None and v != baseline:
-            ax_s.plot(grid, [b / c for b, c in zip(base_curve, curves[v], strict=True)], "-", color=colors[v],
-                      alpha=0.6)
+            ax_s.plot(
+                grid, [b / c for b, c in zip(base_curve, curves[v], strict=True)], "-", color=colors[v], alpha=0.6
+            )
         if v not in counted_variants([v], baseline):
             continue
         mk, mb = measured_crossover(list(d["rate_bps"]), list(d["speedup"]))
-        row = {"model": model, "batch_size": int(bs), "world_size": int(ws), "compressor": v,
-               "measured": _describe_cx(mk, mb), "measured_bps": mb, "predicted": "no profile",
-               "predicted_bps": None}
+        row = {
+            "model": model,
+            "batch_size": int(bs),
+            "world_size": int(ws),
+            "compressor": v,
+            "measured": _describe_cx(mk, mb),
+            "measured_bps": mb,
+            "predicted": "no profile",
+            "predicted_bps": None,
+        }
         if mb:
             ax_t.axvline(mb, color=colors[v], linestyle=":", linewidth=1.5)
             ax_s.axvline(mb, color=colors[v], linestyle=":", linewidth=1.5)
         if v in curves and base_curve is not None and shaped:
             lo_bps, hi_bps = shaped[0] / 10, shaped[-1] * 100
-            pc = pm.crossover(prof, v.split("[")[0], int(ws), lo_bps, hi_bps, baseline=baseline,
-                              latency_s=s.latency_s + delay, efficiency=s.efficiency,
-                              hook_blocks_backward=s.hook_blocks_backward)
-            row["predicted"] = (pc.describe() if pc.kind == "crossover"
-                                else f"{pc.kind} ({pm._fmt_bps(lo_bps)}..{pm._fmt_bps(hi_bps)})")
+            pc = pm.crossover(
+                prof,
+                v.split("[")[0],
+                int(ws),
+                lo_bps,
+                hi_bps,
+                baseline=baseline,
+                latency_s=s.latency_s + delay,
+                efficiency=s.efficiency,
+                hook_blocks_backward=s.hook_blocks_backward,
+            )
+            row["predicted"] = (
+                pc.describe() if pc.kind == "crossover" else f"{pc.kind} ({pm._fmt_bps(lo_bps)}..{pm._fmt_bps(hi_bps)})"
+            )
             row["predicted_bps"] = pc.bandwidth_bps
             if pc.bandwidth_bps and grid[0] <= pc.bandwidth_bps <= grid[-1]:
                 ax_t.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
@@ -376,19 +467,30 @@ def plot_time_vs_bandwidth(g: pd.DataFrame, key: tuple, baseline: str, colors: d
     ax_t.set_ylabel("iteration time (s, p50; bars p5-p95)")
     ax_s.set_ylabel(f"speedup over {baseline} (x)")
     ax_s.set_xlabel("link bandwidth (bit/s, log)" + ("; rightmost: unshaped" if (g["rate_bps"] == 0).any() else ""))
-    ax_t.set_title(f"{_group_label(model, bs, ws)}: iteration time vs bandwidth\n"
-                   "points measured, lines model; vertical: crossover (dotted measured, dashed model)", fontsize=10)
+    ax_t.set_title(
+        f"{_group_label(model, bs, ws)}: iteration time vs bandwidth\n"
+        "points measured, lines model; vertical: crossover (dotted measured, dashed model)",
+        fontsize=10,
+    )
     ax_s.set_title(f"speedup over {baseline_description(baseline)}", fontsize=10)
     if (g["rate_bps"] == 0).any():
-        ax_s.annotate("unshaped", (unshaped_x, 1.0), textcoords="offset points", xytext=(0, -14), ha="center",
-                      fontsize=8)
+        ax_s.annotate(
+            "unshaped", (unshaped_x, 1.0), textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8
+        )
     _legend(ax_t)
     _legend(ax_s)
     return _save(fig, path), cx_rows
 
 
-def plot_scaling(gm: pd.DataFrame, key: tuple, colors: dict[str, str], prof: pm.Profile | None, s: ModelSettings,
-                 path: Path, notes: list[str]) -> Path | None:
+def plot_scaling(
+    gm: pd.DataFrame,
+    key: tuple,
+    colors: dict[str, str],
+    prof: pm.Profile | None,
+    s: ModelSettings,
+    path: Path,
+    notes: list[str],
+) -> Path | None:
     model, bs = key
     sizes = sorted(gm["world_size"].unique())
     if len(sizes) < 2:
@@ -416,13 +518,21 @@ def plot_scaling(gm: pd.DataFrame, key: tuple, colors: dict[str, str], prof: pm.
             c = v.split("[")[0]
             if prof is not None and rate > 0 and c in prof.compressor_names():
                 delay = float(d["delay_s"].median()) if d["delay_s"].notna().any() else 0.0
-                tp = [pm.predict_iteration(prof, c, _net(p, rate, delay, s),
-                                           hook_blocks_backward=s.hook_blocks_backward).samples_per_s
-                      for p in p_grid]
+                tp = [
+                    pm.predict_iteration(
+                        prof, c, _net(p, rate, delay, s), hook_blocks_backward=s.hook_blocks_backward
+                    ).samples_per_s
+                    for p in p_grid
+                ]
                 ax_tp.plot(p_grid, tp, "-", color=colors[v], alpha=0.6, label=f"{v} model")
                 if single:
-                    ax_eff.plot(p_grid, [t / (p * single) for t, p in zip(tp, p_grid, strict=True)], "-",
-                                color=colors[v], alpha=0.6)
+                    ax_eff.plot(
+                        p_grid,
+                        [t / (p * single) for t, p in zip(tp, p_grid, strict=True)],
+                        "-",
+                        color=colors[v],
+                        alpha=0.6,
+                    )
         if single:
             ax_tp.plot(p_grid, [p * single for p in p_grid], "k--", linewidth=1, label="ideal linear")
             ax_eff.axhline(1.0, color="black", linestyle="--", linewidth=1)
@@ -445,9 +555,12 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
     rates = sorted(g["rate_bps"].unique(), key=lambda r: (r == 0, r))
     fig = Figure(figsize=(max(4.0, 3.2 * len(rates)) + 2, 4.8))
     axes = np.atleast_1d(fig.subplots(1, len(rates), squeeze=False)[0])
-    phases = [("compute (fwd+bwd+opt)", ("forward_s", "backward_s", "optimizer_s"), "#4c72b0"),
-              ("encode", ("encode_s",), "#dd8452"), ("communication", ("comm_s",), "#c44e52"),
-              ("decode", ("decode_s",), "#8172b3")]
+    phases = [
+        ("compute (fwd+bwd+opt)", ("forward_s", "backward_s", "optimizer_s"), "#4c72b0"),
+        ("encode", ("encode_s",), "#dd8452"),
+        ("communication", ("comm_s",), "#c44e52"),
+        ("decode", ("decode_s",), "#8172b3"),
+    ]
     for ax, rate in zip(axes, rates, strict=True):
         d = g[g["rate_bps"] == rate].copy()
         d = d.iloc[sorted(range(len(d)), key=lambda i: _order_key(d["variant"].iloc[i]))]
@@ -457,15 +570,17 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
             vals = d[list(cols)].fillna(0).sum(axis=1).to_numpy(dtype=float) * 1e3
             ax.bar(x, vals, bottom=bottom, color=color, label=name)
             bottom += vals
-        ax.plot(x, d["t_s"].to_numpy(dtype=float) * 1e3, "k_", markersize=18, markeredgewidth=2,
-                label="iteration (p50)")
+        ax.plot(
+            x, d["t_s"].to_numpy(dtype=float) * 1e3, "k_", markersize=18, markeredgewidth=2, label="iteration (p50)"
+        )
         ax.set_xticks(x, list(d["variant"]), rotation=45, ha="right", fontsize=8)
         ax.set_title(fmt_rate(rate), fontsize=10)
         if ax is axes[0]:
             ax.set_ylabel("time per iteration (ms)")
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"{_group_label(model, bs, ws)}: exposed time per phase (measured; stacks add up to the iteration)",
-                 fontsize=10)
+    fig.suptitle(
+        f"{_group_label(model, bs, ws)}: exposed time per phase (measured; stacks add up to the iteration)", fontsize=10
+    )
     _legend(axes[-1], *axes)
     return _save(fig, path)
 
@@ -497,8 +612,13 @@ def speedup_matrix(sp: pd.DataFrame) -> pd.DataFrame:
     cols = sorted(d["variant"].unique(), key=_order_key)
     rows = []
     for (model, bs, ws, rate), g in d.groupby([*GROUP_KEYS, "rate_bps"], sort=False):
-        row = {"model": model, "batch_size": int(bs), "world_size": int(ws), "bandwidth": fmt_rate(rate),
-               "_r": (rate == 0, rate)}
+        row = {
+            "model": model,
+            "batch_size": int(bs),
+            "world_size": int(ws),
+            "bandwidth": fmt_rate(rate),
+            "_r": (rate == 0, rate),
+        }
         for v in cols:
             s = g.loc[g["variant"] == v, "speedup"]
             row[v] = f"{s.iloc[0]:.2f}x" if len(s) and not math.isnan(s.iloc[0]) else "-"
@@ -521,9 +641,16 @@ table.t td,table.t th{border:1px solid #ccc;padding:3px 8px;text-align:right}h1{
 .headline{font-size:1.2em;font-weight:bold;background:#eef;padding:.5em}img{max-width:100%}"""
 
 
-def build_report(df: pd.DataFrame, out_dir: str | Path, *, baseline: str = "syncsgd",
-                 profiles: Sequence[pm.Profile] = (), latency_s: float = 50e-6, efficiency: float | str = 1.0,
-                 hook_blocks_backward: bool = True) -> ReportResult:
+def build_report(
+    df: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    baseline: str = "syncsgd",
+    profiles: Sequence[pm.Profile] = (),
+    latency_s: float = 50e-6,
+    efficiency: float | str = 1.0,
+    hook_blocks_backward: bool = True,
+) -> ReportResult:
     """Write figures, report.html and summary.md for a results frame. Raises InputError on unusable input.
 
     `efficiency="auto"` fits it from the communication-bound syncsgd trials (1.0 when there are none).
@@ -574,46 +701,94 @@ def build_report(df: pd.DataFrame, out_dir: str | Path, *, baseline: str = "sync
         notes.append(f"{m}: no profile found; measured points only (run `testbed profile --model {m}`)")
     matrix = speedup_matrix(sp)
     errors = prediction_errors(ok, profiles, s)
-    crossovers = pd.DataFrame(cx_rows, columns=["model", "batch_size", "world_size", "compressor", "measured",
-                                                "predicted", "measured_bps", "predicted_bps"])
+    crossovers = pd.DataFrame(
+        cx_rows,
+        columns=[
+            "model",
+            "batch_size",
+            "world_size",
+            "compressor",
+            "measured",
+            "predicted",
+            "measured_bps",
+            "predicted_bps",
+        ],
+    )
     matrix.to_csv(out / "speedups.csv", index=False)
     errors.to_csv(out / "prediction_error.csv", index=False)
     crossovers.to_csv(out / "crossovers.csv", index=False)
     status_line = f"{sum(counts.values())} trial(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    settings = (f"model settings: latency {latency_s * 1e6:.0f} us (+ per-trial delay), efficiency {efficiency:.3g}, "
-                f"hooks {'block' if hook_blocks_backward else 'overlap'} backward; "
-                f"profiles used: {', '.join(sorted({f'{p.model} bs{p.batch_size} ({p.device})' for p in profiles})) or 'none'}")
-    err_summary = (errors.assign(abs_error_pct=errors["error_pct"].abs()).groupby("compressor")["abs_error_pct"]
-                   .median().reset_index().rename(columns={"abs_error_pct": "median abs error %"})
-                   if not errors.empty else pd.DataFrame())
+    settings = (
+        f"model settings: latency {latency_s * 1e6:.0f} us (+ per-trial delay), efficiency {efficiency:.3g}, "
+        f"hooks {'block' if hook_blocks_backward else 'overlap'} backward; "
+        f"profiles used: {', '.join(sorted({f'{p.model} bs{p.batch_size} ({p.device})' for p in profiles})) or 'none'}"
+    )
+    err_summary = (
+        errors.assign(abs_error_pct=errors["error_pct"].abs())
+        .groupby("compressor")["abs_error_pct"]
+        .median()
+        .reset_index()
+        .rename(columns={"abs_error_pct": "median abs error %"})
+        if not errors.empty
+        else pd.DataFrame()
+    )
     cx_show = crossovers.drop(columns=["measured_bps", "predicted_bps"])
 
-    md = [f"# Gradient compression report\n\n**{head}**\n", f"Baseline: {desc}. Speedup = baseline iteration time / "
-          f"compressor iteration time at the same model, batch, workers and bandwidth.\n", f"{status_line}.\n",
-          f"{settings}.\n"]
+    md = [
+        f"# Gradient compression report\n\n**{head}**\n",
+        f"Baseline: {desc}. Speedup = baseline iteration time / "
+        f"compressor iteration time at the same model, batch, workers and bandwidth.\n",
+        f"{status_line}.\n",
+        f"{settings}.\n",
+    ]
     if notes:
         md.append("## Notes\n\n" + "".join(f"- {n}\n" for n in notes))
-    md += ["## Speedup matrix\n", _md_table(matrix), "## Crossover bandwidth (measured vs predicted)\n",
-           _md_table(cx_show), "## Prediction error (median |predicted - measured| / measured per compressor)\n",
-           _md_table(err_summary), "Per-trial errors: `prediction_error.csv`.\n", "## Figures\n"]
+    md += [
+        "## Speedup matrix\n",
+        _md_table(matrix),
+        "## Crossover bandwidth (measured vs predicted)\n",
+        _md_table(cx_show),
+        "## Prediction error (median |predicted - measured| / measured per compressor)\n",
+        _md_table(err_summary),
+        "Per-trial errors: `prediction_error.csv`.\n",
+        "## Figures\n",
+    ]
     md += [f"- {title}: ![{title}]({p.name})\n" for title, p in figures]
     (out / "summary.md").write_text("\n".join(md))
 
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Gradient compression report</title>"
-             f"<style>{_CSS}</style></head><body><h1>Gradient compression report</h1>",
-             f"<p class='headline'>{html.escape(head)}</p><p>Baseline: {html.escape(desc)}. "
-             f"{html.escape(status_line)}. {html.escape(settings)}.</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Gradient compression report</title>"
+        f"<style>{_CSS}</style></head><body><h1>Gradient compression report</h1>",
+        f"<p class='headline'>{html.escape(head)}</p><p>Baseline: {html.escape(desc)}. "
+        f"{html.escape(status_line)}. {html.escape(settings)}.</p>",
+    ]
     if notes:
         parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
-    parts += ["<h2>Speedup matrix</h2>", _html_table(matrix), "<h2>Crossover bandwidth</h2>", _html_table(cx_show),
-              "<h2>Figures</h2>"]
+    parts += [
+        "<h2>Speedup matrix</h2>",
+        _html_table(matrix),
+        "<h2>Crossover bandwidth</h2>",
+        _html_table(cx_show),
+        "<h2>Figures</h2>",
+    ]
     for title, p in figures:
         data = base64.b64encode(p.read_bytes()).decode("ascii")
-        parts.append(f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>")
+        parts.append(
+            f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+        )
     parts += ["<h2>Prediction error per trial</h2>", _html_table(errors), "</body></html>"]
     (out / "report.html").write_text("\n".join(parts))
-    return ReportResult(out, out / "report.html", out / "summary.md", tuple(p for _, p in figures), head, wins,
-                        configs, tuple(notes), {"speedups": matrix, "errors": errors, "crossovers": crossovers})
+    return ReportResult(
+        out,
+        out / "report.html",
+        out / "summary.md",
+        tuple(p for _, p in figures),
+        head,
+        wins,
+        configs,
+        tuple(notes),
+        {"speedups": matrix, "errors": errors, "crossovers": crossovers},
+    )
 
 
 def load_results_dir(results_dir: str | Path) -> pd.DataFrame:
@@ -623,8 +798,14 @@ def load_results_dir(results_dir: str | Path) -> pd.DataFrame:
     return load_results(results_dir)
 
 
-def report_from_dir(results_dir: str | Path, out_dir: str | Path, *, baseline: str = "syncsgd",
-                    profiles_dir: str | Path | None = None, **kwargs) -> ReportResult:
+def report_from_dir(
+    results_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    baseline: str = "syncsgd",
+    profiles_dir: str | Path | None = None,
+    **kwargs,
+) -> ReportResult:
     baseline_description(baseline)
     profiles = pm.find_profiles(profiles_dir) if profiles_dir else []
     return build_report(load_results_dir(results_dir), out_dir, baseline=baseline, profiles=profiles, **kwargs)

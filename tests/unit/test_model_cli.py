@@ -32,10 +32,27 @@ def fake_profiler(monkeypatch):
     """Stands in for runners.profile.profile_model; records its calls."""
     calls = []
 
-    def profile_model(model, batch_size, compressors, *, image_size=None, seq_len=None, iters=10,
-                      bucket_cap_mb=25, options=None, device="cpu"):
-        calls.append({"model": model, "batch_size": batch_size, "compressors": list(compressors), "iters": iters,
-                      "device": device})
+    def profile_model(
+        model,
+        batch_size,
+        compressors,
+        *,
+        image_size=None,
+        seq_len=None,
+        iters=10,
+        bucket_cap_mb=25,
+        options=None,
+        device="cpu",
+    ):
+        calls.append(
+            {
+                "model": model,
+                "batch_size": batch_size,
+                "compressors": list(compressors),
+                "iters": iters,
+                "device": device,
+            }
+        )
         return pm.synthetic_profile_dict(model, batch_size)
 
     monkeypatch.setitem(sys.modules, "runners.profile", types.SimpleNamespace(profile_model=profile_model))
@@ -43,8 +60,27 @@ def fake_profiler(monkeypatch):
 
 
 def test_predict_json_matches_model(profile_file, capsys):
-    assert run(["predict", "--profile", str(profile_file), "--world-size", "4", "--bw", "10mbit..10gbit",
-                "--points", "5", "--latency", "50us", "--efficiency", "0.9", "--json"]) == 0
+    assert (
+        run(
+            [
+                "predict",
+                "--profile",
+                str(profile_file),
+                "--world-size",
+                "4",
+                "--bw",
+                "10mbit..10gbit",
+                "--points",
+                "5",
+                "--latency",
+                "50us",
+                "--efficiency",
+                "0.9",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["bandwidths_bps"] == pytest.approx([1e7, 10**7.75, 10**8.5, 10**9.25, 1e10])
     assert data["latency_s"] == pytest.approx(50e-6) and data["efficiency"] == 0.9
@@ -66,8 +102,21 @@ def test_predict_table_output(profile_file, capsys):
 
 def test_compute_speedup_raises_crossover(profile_file, capsys):
     def b_star(extra):
-        run(["predict", "--profile", str(profile_file), "--bw", "100mbit..400gbit", "--points", "9",
-             "--compressors", "powersgd", "--json", *extra])
+        run(
+            [
+                "predict",
+                "--profile",
+                str(profile_file),
+                "--bw",
+                "100mbit..400gbit",
+                "--points",
+                "9",
+                "--compressors",
+                "powersgd",
+                "--json",
+                *extra,
+            ]
+        )
         return json.loads(capsys.readouterr().out)["compressors"]["powersgd"]["crossover"]["bandwidth_bps"]
 
     base = b_star([])
@@ -77,8 +126,7 @@ def test_compute_speedup_raises_crossover(profile_file, capsys):
 
 def test_predict_measures_when_no_profile_stored_then_reuses(tmp_path, fake_profiler, capsys):
     profiles = tmp_path / "profiles"
-    argv = ["predict", "--model", "vgg16", "--batch-size", "16", "--profiles", str(profiles), "--bw", "1gbit",
-            "--json"]
+    argv = ["predict", "--model", "vgg16", "--batch-size", "16", "--profiles", str(profiles), "--bw", "1gbit", "--json"]
     assert run(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert len(fake_profiler) == 1 and fake_profiler[0]["model"] == "vgg16"
@@ -93,8 +141,24 @@ def test_predict_measures_when_no_profile_stored_then_reuses(tmp_path, fake_prof
 
 def test_profile_command_stores_json_and_prints_table(tmp_path, fake_profiler, capsys):
     out = tmp_path / "p"
-    assert run(["profile", "--model", "resnet18", "--batch-size", "8", "--compressors", "powersgd,topk",
-                "--iters", "3", "--out", str(out)]) == 0
+    assert (
+        run(
+            [
+                "profile",
+                "--model",
+                "resnet18",
+                "--batch-size",
+                "8",
+                "--compressors",
+                "powersgd,topk",
+                "--iters",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert fake_profiler[0]["compressors"] == ["powersgd", "topk"] and fake_profiler[0]["iters"] == 3
     assert pm.load_profile(out / "resnet18-bs8-cpu.json").batch_size == 8
@@ -106,8 +170,22 @@ def test_report_command(tmp_path, profile_file, capsys):
     from test_report import synthetic_frame, write_store
 
     results = write_store(tmp_path / "results", synthetic_frame(world_sizes=(2,)))
-    assert run(["report", str(results), "--out", str(tmp_path / "rep"), "--profiles", str(profile_file.parent),
-                "--baseline", "fp16", "--json"]) == 0
+    assert (
+        run(
+            [
+                "report",
+                str(results),
+                "--out",
+                str(tmp_path / "rep"),
+                "--profiles",
+                str(profile_file.parent),
+                "--baseline",
+                "fp16",
+                "--json",
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["headline"].startswith("Compression beat the 16-bit all-reduce baseline (fp16) in 2 of 3")
     assert (tmp_path / "rep" / "report.html").is_file() and len(data["figures"]) == 2

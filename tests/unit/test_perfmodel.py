@@ -31,25 +31,59 @@ F, BW, OPT = 0.01, 0.06, 0.004
 
 def two_bucket_profile(grad_bytes_each=1_000_000, enc=0.0, dec=0.0, ratio=0.1, collective="allreduce", rounds=1):
     """Two buckets: bucket 0 ready half-way through backward, bucket 1 at its end."""
-    return profile_from_dict({
-        "schema": "testbed.profile/1", "model": "m", "batch_size": 8, "forward_s": F, "backward_s": BW,
-        "optimizer_s": OPT,
-        "buckets": [{"index": 0, "grad_bytes": grad_bytes_each, "numel": 1, "ready_at_s": BW / 2},
-                    {"index": 1, "grad_bytes": grad_bytes_each, "numel": 1, "ready_at_s": BW}],
-        "compressors": {"comp": {"collective": collective, "rounds": rounds, "buckets": [
-            {"index": i, "payload_bytes": int(grad_bytes_each * ratio), "encode_s": enc, "decode_s": dec}
-            for i in (0, 1)]}},
-    })
+    return profile_from_dict(
+        {
+            "schema": "testbed.profile/1",
+            "model": "m",
+            "batch_size": 8,
+            "forward_s": F,
+            "backward_s": BW,
+            "optimizer_s": OPT,
+            "buckets": [
+                {"index": 0, "grad_bytes": grad_bytes_each, "numel": 1, "ready_at_s": BW / 2},
+                {"index": 1, "grad_bytes": grad_bytes_each, "numel": 1, "ready_at_s": BW},
+            ],
+            "compressors": {
+                "comp": {
+                    "collective": collective,
+                    "rounds": rounds,
+                    "buckets": [
+                        {"index": i, "payload_bytes": int(grad_bytes_each * ratio), "encode_s": enc, "decode_s": dec}
+                        for i in (0, 1)
+                    ],
+                }
+            },
+        }
+    )
 
 
 def one_bucket_profile(n_bytes, ratio, codec_s):
     """One bucket ready at the end of backward: no overlap at all, so crossover has a closed form."""
-    return profile_from_dict({
-        "schema": "testbed.profile/1", "model": "m", "batch_size": 8, "forward_s": F, "backward_s": BW,
-        "optimizer_s": OPT, "buckets": [{"index": 0, "grad_bytes": n_bytes, "numel": 1, "ready_at_s": BW}],
-        "compressors": {"comp": {"collective": "allreduce", "rounds": 1, "buckets": [
-            {"index": 0, "payload_bytes": int(n_bytes * ratio), "encode_s": codec_s / 2, "decode_s": codec_s / 2}]}},
-    })
+    return profile_from_dict(
+        {
+            "schema": "testbed.profile/1",
+            "model": "m",
+            "batch_size": 8,
+            "forward_s": F,
+            "backward_s": BW,
+            "optimizer_s": OPT,
+            "buckets": [{"index": 0, "grad_bytes": n_bytes, "numel": 1, "ready_at_s": BW}],
+            "compressors": {
+                "comp": {
+                    "collective": "allreduce",
+                    "rounds": 1,
+                    "buckets": [
+                        {
+                            "index": 0,
+                            "payload_bytes": int(n_bytes * ratio),
+                            "encode_s": codec_s / 2,
+                            "decode_s": codec_s / 2,
+                        }
+                    ],
+                }
+            },
+        }
+    )
 
 
 # ------------------------------------------------------------------------------------------------ cost formulas
@@ -192,8 +226,9 @@ def test_faster_compute_raises_crossover_and_speedup():
     net = Network(4, 5e9)
 
     def speedup(prof):
-        return (predict_iteration(prof, "syncsgd", net).iter_time_s
-                / predict_iteration(prof, "powersgd", net).iter_time_s)
+        return (
+            predict_iteration(prof, "syncsgd", net).iter_time_s / predict_iteration(prof, "powersgd", net).iter_time_s
+        )
 
     assert speedup(with_compute_speedup(p, 4)) > speedup(p)
     assert with_compute_speedup(p, 4).compute_s == pytest.approx(p.compute_s / 4)
@@ -221,8 +256,10 @@ def test_more_workers_hurt_allgather_more_than_allreduce():
 def test_another_model_with_more_bytes_crosses_higher():
     small = profile_from_dict(synthetic_profile_dict(grad_bytes=10_000_000))
     big = profile_from_dict(synthetic_profile_dict(model="big", grad_bytes=400_000_000))
-    assert (crossover(big, "powersgd", 4, 1e7, 1e12).bandwidth_bps
-            > crossover(small, "powersgd", 4, 1e7, 1e12).bandwidth_bps)
+    assert (
+        crossover(big, "powersgd", 4, 1e7, 1e12).bandwidth_bps
+        > crossover(small, "powersgd", 4, 1e7, 1e12).bandwidth_bps
+    )
 
 
 def test_fit_efficiency_median_ratio():

@@ -11,30 +11,107 @@ from testbed.errors import InputError
 from testbed.report import build_report, measured_crossover, report_from_dir
 
 COLUMNS = [
-    "schema_version", "trial_id", "status", "error", "started_at", "wall_s", "backend", "cluster_name", "host_count",
-    "world_size", "rate_bps", "burst_bytes", "qdisc", "delay_s", "measured_goodput_bps", "ideal_goodput_bps", "model",
-    "batch_size", "image_size", "seq_len", "compressor", "compressor_options", "iters", "warmup_iters", "seed",
-    "serial", "bucket_cap_mb", "torch_version", "python_version", "kernel", "dist_backend", "device",
-    "testbed_version", "hostname", "iter_time_s_mean", "iter_time_s_p5", "iter_time_s_p50", "iter_time_s_p95",
-    "samples_per_s", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s",
-    "payload_bytes_per_iter", "wire_tx_bytes_per_iter", "wire_rx_bytes_per_iter",
+    "schema_version",
+    "trial_id",
+    "status",
+    "error",
+    "started_at",
+    "wall_s",
+    "backend",
+    "cluster_name",
+    "host_count",
+    "world_size",
+    "rate_bps",
+    "burst_bytes",
+    "qdisc",
+    "delay_s",
+    "measured_goodput_bps",
+    "ideal_goodput_bps",
+    "model",
+    "batch_size",
+    "image_size",
+    "seq_len",
+    "compressor",
+    "compressor_options",
+    "iters",
+    "warmup_iters",
+    "seed",
+    "serial",
+    "bucket_cap_mb",
+    "torch_version",
+    "python_version",
+    "kernel",
+    "dist_backend",
+    "device",
+    "testbed_version",
+    "hostname",
+    "iter_time_s_mean",
+    "iter_time_s_p5",
+    "iter_time_s_p50",
+    "iter_time_s_p95",
+    "samples_per_s",
+    "forward_s",
+    "backward_s",
+    "encode_s",
+    "comm_s",
+    "decode_s",
+    "optimizer_s",
+    "payload_bytes_per_iter",
+    "wire_tx_bytes_per_iter",
+    "wire_rx_bytes_per_iter",
 ]
 
 
 def row(i, model, ws, rate, comp, t, status="ok", options="{}"):
     return {
-        "schema_version": 1, "trial_id": f"t{i:04d}", "status": status, "error": None if status == "ok" else "boom",
-        "started_at": "2026-11-30T05:00:00+00:00", "wall_s": 10.0, "backend": "local", "cluster_name": "tb",
-        "host_count": ws, "world_size": ws, "rate_bps": rate, "burst_bytes": 125000, "qdisc": "htb", "delay_s": 0.0,
-        "measured_goodput_bps": rate * 0.95 if rate else 7e9, "ideal_goodput_bps": rate * 0.956, "model": model,
-        "batch_size": 32, "image_size": 64, "seq_len": None, "compressor": comp, "compressor_options": options,
-        "iters": 20, "warmup_iters": 3, "seed": 0, "serial": False, "bucket_cap_mb": 25.0,
-        "torch_version": "2.14.1", "python_version": "3.11", "kernel": "6.1", "dist_backend": "gloo",
-        "device": "cpu", "testbed_version": "0.1.0", "hostname": "h",
-        "iter_time_s_mean": t, "iter_time_s_p5": t * 0.9, "iter_time_s_p50": t, "iter_time_s_p95": t * 1.2,
-        "samples_per_s": ws * 32 / t if status == "ok" else None, "forward_s": 0.03, "backward_s": 0.06,
-        "encode_s": 0.01, "comm_s": max(t - 0.1, 0.0), "decode_s": 0.005, "optimizer_s": 0.005,
-        "payload_bytes_per_iter": 1000, "wire_tx_bytes_per_iter": 1100, "wire_rx_bytes_per_iter": 1100,
+        "schema_version": 1,
+        "trial_id": f"t{i:04d}",
+        "status": status,
+        "error": None if status == "ok" else "boom",
+        "started_at": "2026-11-30T05:00:00+00:00",
+        "wall_s": 10.0,
+        "backend": "local",
+        "cluster_name": "tb",
+        "host_count": ws,
+        "world_size": ws,
+        "rate_bps": rate,
+        "burst_bytes": 125000,
+        "qdisc": "htb",
+        "delay_s": 0.0,
+        "measured_goodput_bps": rate * 0.95 if rate else 7e9,
+        "ideal_goodput_bps": rate * 0.956,
+        "model": model,
+        "batch_size": 32,
+        "image_size": 64,
+        "seq_len": None,
+        "compressor": comp,
+        "compressor_options": options,
+        "iters": 20,
+        "warmup_iters": 3,
+        "seed": 0,
+        "serial": False,
+        "bucket_cap_mb": 25.0,
+        "torch_version": "2.14.1",
+        "python_version": "3.11",
+        "kernel": "6.1",
+        "dist_backend": "gloo",
+        "device": "cpu",
+        "testbed_version": "0.1.0",
+        "hostname": "h",
+        "iter_time_s_mean": t,
+        "iter_time_s_p5": t * 0.9,
+        "iter_time_s_p50": t,
+        "iter_time_s_p95": t * 1.2,
+        "samples_per_s": ws * 32 / t if status == "ok" else None,
+        "forward_s": 0.03,
+        "backward_s": 0.06,
+        "encode_s": 0.01,
+        "comm_s": max(t - 0.1, 0.0),
+        "decode_s": 0.005,
+        "optimizer_s": 0.005,
+        "payload_bytes_per_iter": 1000,
+        "wire_tx_bytes_per_iter": 1100,
+        "wire_rx_bytes_per_iter": 1100,
     }
 
 
@@ -52,8 +129,17 @@ def synthetic_frame(world_sizes=(2, 4), model="resnet18"):
     for ws in world_sizes:
         for rate, times in TIMES.items():
             for comp, t in zip(("syncsgd", "fp16", "powersgd"), times, strict=True):
-                rows.append(row(i, model, ws, rate, comp, t * (1 + 0.1 * (ws - 2)),
-                                options='{"rank": 4}' if comp == "powersgd" else "{}"))
+                rows.append(
+                    row(
+                        i,
+                        model,
+                        ws,
+                        rate,
+                        comp,
+                        t * (1 + 0.1 * (ws - 2)),
+                        options='{"rank": 4}' if comp == "powersgd" else "{}",
+                    )
+                )
                 i += 1
     rows.append(row(i, model, world_sizes[0], 10_000_000, "topk", 1.0, status="failed"))
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -78,9 +164,15 @@ def report(tmp_path_factory):
 
 def test_report_writes_figures_html_markdown(report):
     names = sorted(p.name for p in report.figures)
-    assert names == sorted([
-        "time_vs_bw_resnet18_bs32_p2.png", "time_vs_bw_resnet18_bs32_p4.png", "phases_resnet18_bs32_p2.png",
-        "phases_resnet18_bs32_p4.png", "scaling_resnet18_bs32.png"])
+    assert names == sorted(
+        [
+            "time_vs_bw_resnet18_bs32_p2.png",
+            "time_vs_bw_resnet18_bs32_p4.png",
+            "phases_resnet18_bs32_p2.png",
+            "phases_resnet18_bs32_p4.png",
+            "scaling_resnet18_bs32.png",
+        ]
+    )
     for p in report.figures:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     html = report.html.read_text()
