@@ -198,7 +198,12 @@ def counted_variants(variants: Iterable[str], baseline: str) -> list[str]:
 
 
 def headline(sp: pd.DataFrame, baseline: str) -> tuple[str, int, int]:
-    rows = sp[sp["variant"].isin(counted_variants(sp["variant"].unique(), baseline)) & sp["speedup"].notna()]
+    # a configuration needs a gradient exchange: single-worker trials are scaling references, not counted
+    rows = sp[
+        sp["variant"].isin(counted_variants(sp["variant"].unique(), baseline))
+        & sp["speedup"].notna()
+        & (sp["world_size"] > 1)
+    ]
     n, m = int((rows["speedup"] > 1.0).sum()), len(rows)
     text = f"Compression beat {baseline_description(baseline)} in {n} of {m} configurations"
     if m:

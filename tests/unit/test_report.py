@@ -284,3 +284,10 @@ def test_efficiency_auto_recovers_a_known_efficiency(tmp_path):
     assert err.loc[err["compressor"] == "syncsgd", "error_pct"].abs().max() < 1.0
     with pytest.raises(InputError, match="'auto'"):
         build_report(df, tmp_path, efficiency="fast")
+
+
+def test_single_worker_trials_are_not_counted_as_configurations(tmp_path):
+    df = synthetic_frame(world_sizes=(1, 2))
+    res = build_report(df, tmp_path)
+    assert (res.wins, res.configurations) == (4, 6)  # only the 2-worker configurations count
+    assert any(p.name == "scaling_resnet18_bs32.png" for p in res.figures)
