@@ -1,0 +1,796 @@
+"""Lab backend: real hosts listed in an Ansible inventory, reached over SSH (paramiko).
+
+The same shaping code as local mode runs on each host (`python -m shaping ...`, see shaping/__main__.py): every change
+is commit-confirmed (a timer on the host restores the previous qdiscs unless this controller confirms over a *new* SSH
+connection within `confirm_within_s`), and the interface carrying the SSH session is refused unless forced.
+
+Inventory (YAML, Ansible layout; see ansible/inventory.example.yml). Per host, after merging group vars:
+  ansible_host, ansible_port, ansible_user, ansible_ssh_private_key_file   how to log in (key only)
+  ansible_ssh_common_args "-o UserKnownHostsFile=F"  or testbed_known_hosts: the known_hosts to verify against
+  testbed_data_iface (required)   the NIC that carries training traffic and gets shaped
+  testbed_data_address            its IPv4 address (default: read from the interface)
+  testbed_gpus_per_host           GPUs each host must show (nvidia-smi), unless allow_cpu
+  testbed_python                  Python on the host with the project importable (default /opt/testbed/venv/bin/python)
+  testbed_project_dir             the project's source on the host (default /opt/testbed/src)
+  testbed_run_dir                 where rank logs and pid files go on the host (default /tmp/testbed-lab)
+Values are used literally (never through a shell: every remote command is an argv quoted word by word); Jinja
+templates are not evaluated here and are refused in the values this backend reads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from shaping.plan import LinkShape
+from testbed.cluster.base import Cluster, Host, RankProcess
+from testbed.cluster.ssh import SSHConnection, SSHTarget, command_line, detached_command_line
+from testbed.errors import ClusterError, InputError, LaunchError, ShapingError, TestbedError
+
+REPO = Path(__file__).resolve().parents[2]
+MIN_PYTHON = (3, 11)
+DEFAULT_PYTHON = "/opt/testbed/venv/bin/python"
+DEFAULT_PROJECT_DIR = "/opt/testbed/src"
+DEFAULT_RUN_DIR = "/tmp/testbed-lab"
+DEFAULT_CONFIRM_WITHIN_S = 60.0
+TOKEN_ENV = "TESTBED_LAB_TOKEN"
+
+# Runs on each host with the host's Python; kept to syntax old interpreters parse so it can report "too old".
+PROBE = r"""
+import json, os, shutil, subprocess, sys
+iface = sys.argv[1]
+out = {"python": list(sys.version_info[:3]), "executable": sys.executable}
+safe = bool(iface) and "/" not in iface and iface not in (".", "..")
+path = os.path.join("/sys/class/net", iface) if safe else None
+out["iface_exists"] = bool(path and os.path.isdir(path))
+try:
+    out["ifaces"] = sorted(os.listdir("/sys/class/net"))
+except OSError:
+    out["ifaces"] = []
+speed = None
+if out["iface_exists"]:
+    try:
+        speed = int(open(os.path.join(path, "speed")).read().strip())
+    except Exception:
+        speed = None
+out["nic_speed_mbps"] = speed if speed and speed > 0 else None
+addrs = []
+if out["iface_exists"]:
+    try:
+        r = subprocess.run(["ip", "-j", "-4", "addr", "show", "dev", iface], stdout=subprocess.PIPE, timeout=10)
+        for link in json.loads(r.stdout.decode() or "[]"):
+            for a in link.get("addr_info", []):
+                addrs.append(a["local"])
+    except Exception:
+        pass
+out["addresses"] = addrs
+smi = shutil.which("nvidia-smi")
+gpus = 0
+if smi:
+    try:
+        r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, timeout=30)
+        gpus = sum(1 for line in r.stdout.decode().splitlines() if line.startswith("GPU "))
+    except Exception:
+        gpus = 0
+out["gpus"] = gpus
+out["nvidia_smi"] = bool(smi)
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["cuda"] = torch.version.cuda
+    try:
+        v = torch.cuda.nccl.version() if torch.cuda.is_available() else None
+        out["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else (str(v) if v else None)
+    except Exception:
+        out["nccl"] = None
+except Exception as e:
+    out["torch"] = None
+    out["torch_error"] = str(e)[:200]
+try:
+    from shaping import ingress, tc
+    out["project"] = True
+    if out["iface_exists"]:
+        out["shaping"] = {"egress": tc.show(iface), "ingress": ingress.show(iface)}
+except Exception as e:
+    out["project"] = out.get("project", False)
+    out["project_error"] = str(e)[:200]
+print(json.dumps(out))
+"""
+
+
+# ------------------------------------------------------------------------------------------------------ inventory
+@dataclasses.dataclass(frozen=True)
+class LabHostSpec:
+    name: str
+    ssh: SSHTarget
+    data_iface: str
+    data_address: str | None
+    gpus: int
+    python: str
+    project_dir: str
+    run_dir: str
+
+
+def _literal(host: str, key: str, value: Any) -> str:
+    text = str(value)
+    if "{{" in text or "{%" in text:
+        raise InputError(
+            f"inventory host {host}: {key} is a Jinja template ({text!r}); the lab backend reads values "
+            "literally, give a plain value"
+        )
+    return text
+
+
+def _known_hosts_from_args(args: str) -> str | None:
+    words = shlex.split(args or "")
+    for i, w in enumerate(words):
+        opt = None
+        if w == "-o" and i + 1 < len(words):
+            opt = words[i + 1]
+        elif w.startswith("-o") and len(w) > 2:
+            opt = w[2:]
+        if opt and re.match(r"(?i)^userknownhostsfile[ =]", opt):
+            return re.split(r"[ =]", opt, maxsplit=1)[1].strip().split()[0]
+    return None
+
+
+def _walk(group: dict | None, inherited: dict, out: dict[str, dict]) -> None:
+    group = group or {}
+    if not isinstance(group, dict):
+        raise InputError(f"inventory: expected a mapping of hosts/vars/children, got {type(group).__name__}")
+    merged = {**inherited, **(group.get("vars") or {})}
+    for name, hvars in (group.get("hosts") or {}).items():
+        out[str(name)] = {**out.get(str(name), {}), **merged, **(hvars or {})}
+    for child in (group.get("children") or {}).values():
+        _walk(child, merged, out)
+
+
+def load_inventory(path: str | Path) -> list[LabHostSpec]:
+    """Read a YAML Ansible inventory into host specs. InputError on anything missing or malformed."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise InputError(f"--inventory {path}: no such file") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"--inventory {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict) or not data:
+        raise InputError(f"--inventory {path}: expected a YAML Ansible inventory (all: hosts: ...)")
+    raw: dict[str, dict] = {}
+    for group in data.values():
+        _walk(group, {}, raw)
+    if not raw:
+        raise InputError(f"--inventory {path}: lists no hosts")
+    specs = []
+    for name, v in raw.items():
+        if "testbed_data_iface" not in v:
+            raise InputError(f"inventory host {name}: testbed_data_iface is missing (the NIC to shape, e.g. ens1f0)")
+        kh = v.get("testbed_known_hosts") or _known_hosts_from_args(str(v.get("ansible_ssh_common_args", "")))
+        key = v.get("ansible_ssh_private_key_file") or v.get("ansible_private_key_file")
+        try:
+            port = int(v.get("ansible_port", v.get("ansible_ssh_port", 22)))
+            gpus = int(v.get("testbed_gpus_per_host", 0))
+        except (TypeError, ValueError):
+            raise InputError(
+                f"inventory host {name}: ansible_port and testbed_gpus_per_host must be integers"
+            ) from None
+        if gpus < 0 or not 0 < port < 65536:
+            raise InputError(f"inventory host {name}: port {port} or testbed_gpus_per_host {gpus} out of range")
+        specs.append(
+            LabHostSpec(
+                name=name,
+                ssh=SSHTarget(
+                    name=name,
+                    address=_literal(name, "ansible_host", v.get("ansible_host", name)),
+                    port=port,
+                    user=_literal(name, "ansible_user", v.get("ansible_user", "root")),
+                    key_file=_literal(name, "ansible_ssh_private_key_file", key) if key else None,
+                    known_hosts=_literal(name, "known_hosts", kh) if kh else None,
+                ),
+                data_iface=_literal(name, "testbed_data_iface", v["testbed_data_iface"]),
+                data_address=_literal(name, "testbed_data_address", v["testbed_data_address"])
+                if v.get("testbed_data_address")
+                else None,
+                gpus=gpus,
+                python=_literal(name, "testbed_python", v.get("testbed_python", DEFAULT_PYTHON)),
+                project_dir=_literal(name, "testbed_project_dir", v.get("testbed_project_dir", DEFAULT_PROJECT_DIR)),
+                run_dir=_literal(name, "testbed_run_dir", v.get("testbed_run_dir", DEFAULT_RUN_DIR)),
+            )
+        )
+    return specs
+
+
+def evaluate_facts(
+    spec: LabHostSpec, facts: dict[str, Any], *, rate_bps: int | None = None, allow_cpu: bool = False
+) -> list[tuple[type[TestbedError], str]]:
+    """What stops this host from taking part, as (error class, one-line message) pairs. Pure: unit-tested."""
+    from shaping.units import format_rate
+
+    problems: list[tuple[type[TestbedError], str]] = []
+    n = spec.name
+    version = tuple(facts.get("python") or (0,))
+    if version < MIN_PYTHON:
+        problems.append(
+            (
+                ClusterError,
+                f"host {n}: Python {'.'.join(map(str, version))} at {spec.python} is too old; the testbed needs "
+                f"{'.'.join(map(str, MIN_PYTHON))}+ (set testbed_python, or run the provision playbook)",
+            )
+        )
+        return problems
+    if not facts.get("iface_exists"):
+        have = ", ".join(facts.get("ifaces") or []) or "none"
+        problems.append(
+            (
+                ClusterError,
+                f"host {n}: no data interface {spec.data_iface!r} (testbed_data_iface); the host has: {have}",
+            )
+        )
+    if not facts.get("project"):
+        problems.append(
+            (
+                ClusterError,
+                f"host {n}: the testbed is not importable by {spec.python} in "
+                f"{spec.project_dir} ({facts.get('project_error', '?')}); run the provision "
+                "playbook",
+            )
+        )
+    if facts.get("torch") is None:
+        problems.append(
+            (ClusterError, f"host {n}: torch is not importable by {spec.python} ({facts.get('torch_error', '?')})")
+        )
+    if spec.gpus and facts.get("gpus", 0) < spec.gpus and not allow_cpu:
+        problems.append(
+            (
+                ClusterError,
+                f"host {n}: testbed_gpus_per_host is {spec.gpus} but nvidia-smi shows {facts.get('gpus', 0)} GPUs"
+                f"{'' if facts.get('nvidia_smi') else ' (nvidia-smi not found)'}; pass --allow-cpu to run on CPU",
+            )
+        )
+    speed = facts.get("nic_speed_mbps")
+    if rate_bps and speed and speed * 1_000_000 < rate_bps:
+        problems.append(
+            (
+                InputError,
+                f"host {n}: {spec.data_iface} links at {format_rate(speed * 1e6)}, slower than the requested "
+                f"{format_rate(rate_bps)}; shaping can only lower a rate",
+            )
+        )
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------- rank processes
+class LabRankProcess(RankProcess):
+    """A command started on a lab host with `setsid` (its own session and process group); output in a remote log
+    that is copied to `log_path` when it ends or is killed."""
+
+    def __init__(self, cluster: LabCluster, host: Host, token: str, pgid: int, remote: dict[str, str], log_path: Path):
+        self.cluster, self.host, self.token, self.pgid = cluster, host, token, pgid
+        self.remote, self.log_path = remote, log_path
+        self.returncode: int | None = None
+        self._signalled: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.pgid
+
+    def _conn(self) -> SSHConnection:
+        return self.cluster._conn(self.host.name)
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        q = shlex.quote
+        line = (
+            f"cat {q(self.remote['rc'])} 2>/dev/null || "
+            f"(grep -qz {q(f'{TOKEN_ENV}={self.token}')} /proc/{self.pgid}/environ 2>/dev/null && echo alive "
+            "|| echo gone)"
+        )
+        out = self._conn().run_line(line, timeout_s=30).stdout.strip()
+        if out == "alive":
+            return None
+        if out.lstrip("-").isdigit():
+            self.returncode = int(out)
+        else:  # ended without writing its status: killed (by us or by someone else)
+            self.returncode = -(self._signalled or 9)
+        self.collect_log()
+        return self.returncode
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while (rc := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.remote["log"], timeout_s)
+            time.sleep(0.2)  # each poll is an SSH round trip; this paces them
+        return rc
+
+    def kill_group(self, grace_s: float = 3.0) -> None:
+        """SIGTERM the remote process group, SIGKILL what is left after `grace_s`, then collect the log."""
+        if self.returncode is not None:
+            return
+        self._signalled = 15
+        self._conn().run_line(kill_group_script(self.pgid, self.token, grace_s), timeout_s=grace_s + 30)
+        self.returncode = self.poll()
+
+    def collect_log(self) -> None:
+        try:
+            self._conn().get_file(self.remote["log"], self.log_path)
+        except (OSError, TestbedError):
+            pass  # the log is a courtesy; the exit status is what the launcher acts on
+
+
+def kill_group_script(pgid: int, token: str, grace_s: float) -> str:
+    """Remote shell: end process group `pgid` if its leader still carries `token` (no pid-reuse accidents)."""
+    if not isinstance(pgid, int) or pgid <= 1:
+        raise LaunchError(f"refusing to signal process group {pgid!r}")
+    steps = max(1, int(grace_s * 10))
+    tok = shlex.quote(f"{TOKEN_ENV}={token}")
+    return (
+        f"grep -qz {tok} /proc/{pgid}/environ 2>/dev/null || exit 0; "
+        f"kill -TERM -- -{pgid} 2>/dev/null; i=0; "
+        f"while kill -0 -- -{pgid} 2>/dev/null && [ $i -lt {steps} ]; do sleep 0.1; i=$((i+1)); done; "
+        f"kill -KILL -- -{pgid} 2>/dev/null; true"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- the cluster
+class LabCluster(Cluster):
+    """Hosts from an inventory; commands over SSH; shaping through `python -m shaping` on each host."""
+
+    backend = "lab"
+
+    def __init__(
+        self,
+        name: str,
+        specs: list[LabHostSpec],
+        *,
+        inventory_path: str | Path | None = None,
+        accept_new_host_keys: bool = False,
+        allow_cpu: bool = False,
+    ):
+        if not specs:
+            raise InputError("a lab cluster needs at least one host")
+        self.name = name
+        self.specs = {s.name: s for s in specs}
+        self.inventory_path = Path(inventory_path).resolve() if inventory_path else None
+        self.accept_new_host_keys = accept_new_host_keys
+        self.allow_cpu = allow_cpu
+        self._conns: dict[str, SSHConnection] = {}
+        self._hosts: list[Host] | None = None
+        self._started: list[LabRankProcess] = []
+        self.facts: dict[str, dict[str, Any]] = {}
+
+    # -------------------------------------------------------------------------------------------------- building
+    @classmethod
+    def from_inventory(
+        cls,
+        path: str | Path,
+        *,
+        name: str = "lab",
+        accept_new_host_keys: bool = False,
+        allow_cpu: bool = False,
+    ) -> LabCluster:
+        """Read the inventory (no connection yet). InputError if it is missing or malformed."""
+        return cls(
+            name,
+            load_inventory(path),
+            inventory_path=path,
+            accept_new_host_keys=accept_new_host_keys,
+            allow_cpu=allow_cpu,
+        )
+
+    def to_record(self) -> dict[str, Any]:
+        """What the cluster registry stores so later commands (status, run, down) can reopen this cluster."""
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "inventory": str(self.inventory_path) if self.inventory_path else None,
+            "allow_cpu": self.allow_cpu,
+            "hosts": [{"name": h, "ssh": s.ssh.where, "data_iface": s.data_iface} for h, s in self.specs.items()],
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> LabCluster:
+        if not record.get("inventory"):
+            raise InputError(f"lab cluster {record.get('name')!r} was recorded without an inventory path")
+        return cls.from_inventory(record["inventory"], name=record["name"], allow_cpu=bool(record.get("allow_cpu")))
+
+    def __enter__(self) -> LabCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill_started()
+        self.close()
+
+    def _conn(self, name: str) -> SSHConnection:
+        if name not in self._conns:
+            self._conns[name] = SSHConnection(self.specs[name].ssh, accept_new_host_keys=self.accept_new_host_keys)
+        return self._conns[name]
+
+    def _spec(self, host: Host | str) -> LabHostSpec:
+        name = host if isinstance(host, str) else host.name
+        if name not in self.specs:
+            raise InputError(f"unknown host {name!r}; cluster {self.name!r} has: {', '.join(self.specs)}")
+        return self.specs[name]
+
+    def _each(self, fn, names: list[str]) -> dict[str, Any]:
+        """Run fn(name) for each host in parallel; return {name: result or the TestbedError it raised}."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(names) or 1)) as pool:
+            futures = {n: pool.submit(fn, n) for n in names}
+        out = {}
+        for n, f in futures.items():
+            try:
+                out[n] = f.result()
+            except TestbedError as e:
+                out[n] = e
+        return out
+
+    def close(self) -> None:
+        for c in self._conns.values():
+            c.close()
+        self._conns.clear()
+
+    # --------------------------------------------------------------------------------------------- Cluster API
+    def hosts(self) -> list[Host]:
+        if self._hosts is None:
+            missing = [n for n, s in self.specs.items() if not s.data_address]
+            found = self._each(self._data_address, missing)
+            for r in found.values():
+                if isinstance(r, TestbedError):
+                    raise r
+            self._hosts = [
+                Host(name=n, address=s.data_address or found[n], data_iface=s.data_iface, netns=None)
+                for n, s in self.specs.items()
+            ]
+        return list(self._hosts)
+
+    def _data_address(self, name: str) -> str:
+        s = self.specs[name]
+        res = self._conn(name).run(["ip", "-j", "-4", "addr", "show", "dev", s.data_iface], timeout_s=30)
+        try:
+            addrs = [a["local"] for link in json.loads(res.stdout or "[]") for a in link.get("addr_info", [])]
+        except (ValueError, KeyError, TypeError):
+            addrs = []
+        if res.returncode != 0 or not addrs:
+            raise ClusterError(
+                f"host {name}: cannot read an IPv4 address of data interface {s.data_iface!r} "
+                f"({res.stderr.strip() or 'no address'}); set testbed_data_address"
+            )
+        return addrs[0]
+
+    def _host_argv(self, spec: LabHostSpec, argv: list[str]) -> list[str]:
+        """argv[0] 'python', 'python3' or this controller's own interpreter means the host's testbed_python."""
+        if argv and argv[0] in ("python", "python3", sys.executable):
+            return [spec.python, *argv[1:]]
+        return list(argv)
+
+    def run(self, host: Host | str, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+        spec = self._spec(host)
+        return self._conn(spec.name).run(self._host_argv(spec, argv), cwd=spec.project_dir, timeout_s=timeout_s)
+
+    def _remote_dir(self, spec: LabHostSpec) -> PurePosixPath:
+        return PurePosixPath(spec.run_dir) / self.name
+
+    def start(
+        self,
+        host: Host | str,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        log_path: Path,
+        workdir: Path | None = None,
+    ) -> LabRankProcess:
+        """Start argv on the host in a new process group (setsid); its output goes to a log on the host, copied to
+        `log_path` here when it ends. `workdir` (on the host) defaults to testbed_project_dir."""
+        import time
+
+        spec = self._spec(host)
+        h = host if isinstance(host, Host) else self.host(host)
+        token = f"{spec.name}-{secrets.token_hex(6)}"
+        base = self._remote_dir(spec)
+        remote = {
+            "log": str(base / "logs" / f"{token}-{Path(log_path).name}"),
+            "pid": str(base / "pids" / f"{token}.pid"),
+            "rc": str(base / "pids" / f"{token}.rc"),
+        }
+        line = detached_command_line(
+            self._host_argv(spec, argv),
+            env=dict(env),
+            cwd=str(workdir) if workdir else spec.project_dir,
+            log_path=remote["log"],
+            pid_path=remote["pid"],
+            rc_path=remote["rc"],
+            marker=f"{TOKEN_ENV}={token}",
+        )
+        conn = self._conn(spec.name)
+        res = conn.run_line(line, timeout_s=30)
+        if res.returncode != 0:
+            raise LaunchError(
+                f"host {spec.name}: starting {argv[0]} failed: {res.stderr.strip() or res.stdout.strip()}"
+            )
+        deadline = time.monotonic() + 15
+        while True:  # the detached shell writes its pid first thing
+            out = conn.run_line(f"cat {shlex.quote(remote['pid'])} 2>/dev/null", timeout_s=30).stdout.strip()
+            if out.isdigit() and int(out) > 1:
+                break
+            if time.monotonic() > deadline:
+                raise LaunchError(f"host {spec.name}: {argv[0]} did not start (no pid file {remote['pid']})")
+        proc = LabRankProcess(self, h, token, int(out), remote, Path(log_path))
+        self._started.append(proc)
+        return proc
+
+    def kill_started(self) -> None:
+        """End every process group this object started that still runs (failure, Ctrl-C)."""
+        for p in self._started:
+            try:
+                p.kill_group()
+            except TestbedError:
+                pass
+
+    def fetch(self, host: Host | str, remote_dir: Path, local_dir: Path) -> None:
+        spec = self._spec(host)
+        if Path(remote_dir).resolve() == Path(local_dir).resolve() and self._same_filesystem(spec):
+            return
+        self._conn(spec.name).get_tree(str(remote_dir), Path(local_dir))
+
+    def _same_filesystem(self, spec: LabHostSpec) -> bool:
+        return False  # a lab host is another machine; copying onto the same path is harmless anyway
+
+    # ------------------------------------------------------------------------------------------------- checks
+    def probe(self, name: str) -> dict[str, Any]:
+        """Facts of one host: Python, torch/NCCL versions, GPUs, data NIC (exists, speed, addresses), shaping."""
+        spec = self.specs[name]
+        res = self._conn(name).run([spec.python, "-c", PROBE, spec.data_iface], cwd=spec.project_dir, timeout_s=120)
+        if res.returncode != 0 or not res.stdout.strip():
+            last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+            if res.returncode == 127 or "not found" in last or "No such file" in last:
+                raise ClusterError(
+                    f"host {name}: {spec.python} (testbed_python) or {spec.project_dir} "
+                    f"(testbed_project_dir) not found: {last}"
+                )
+            raise ClusterError(f"host {name}: probing with {spec.python} failed: {last}")
+        try:
+            facts = json.loads(res.stdout.strip().splitlines()[-1])
+        except ValueError:
+            raise ClusterError(f"host {name}: unexpected probe output {res.stdout[-200:]!r}") from None
+        self.facts[name] = facts
+        return facts
+
+    def check(self, rate_bps: int | None = None) -> dict[str, dict[str, Any]]:
+        """Probe every host and raise one line naming every problem: unreachable host, wrong key, unknown host key,
+        missing data interface, Python too old, missing GPUs (unless allow_cpu), NIC slower than `rate_bps`."""
+        results = self._each(self.probe, list(self.specs))
+        problems: list[tuple[type[TestbedError], str]] = []
+        for name, r in results.items():
+            if isinstance(r, TestbedError):
+                problems.append((type(r), str(r)))
+            else:
+                problems += evaluate_facts(self.specs[name], r, rate_bps=rate_bps, allow_cpu=self.allow_cpu)
+        if problems:
+            kinds = {k for k, _ in problems}
+            cls = (
+                InputError
+                if kinds == {InputError}
+                else ClusterError
+                if ClusterError in kinds or len(kinds) > 1
+                else next(iter(kinds))
+            )
+            raise cls("; ".join(m for _, m in problems))
+        return results
+
+    def provision(
+        self, run_playbook: bool = True, *, extra_vars: dict[str, Any] | None = None, rate_bps: int | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Run ansible/playbooks/provision.yml against the inventory (after checking every host is reachable with a
+        known key), then `check()`. Returns the facts of each host."""
+        if run_playbook:
+            reach = self._each(lambda n: self._conn(n).connect() and True, list(self.specs))
+            errors = [str(r) for r in reach.values() if isinstance(r, TestbedError)]
+            if errors:
+                raise ClusterError("; ".join(errors))
+            self.run_playbook("provision.yml", extra_vars=extra_vars)
+        return self.check(rate_bps=rate_bps)
+
+    def run_playbook(
+        self, playbook: str, *, extra_vars: dict[str, Any] | None = None, timeout_s: float = 1800
+    ) -> subprocess.CompletedProcess:
+        if self.inventory_path is None:
+            raise InputError("running a playbook needs the cluster's inventory file")
+        exe = Path(sys.executable).parent / "ansible-playbook"
+        exe = str(exe) if exe.exists() else shutil.which("ansible-playbook")
+        if not exe:
+            raise ClusterError("ansible-playbook not found; install ansible-core (pip install 'ansible-core<2.21')")
+        argv = [exe, "-i", str(self.inventory_path), str(REPO / "ansible" / "playbooks" / playbook)]
+        if extra_vars:
+            argv += ["-e", json.dumps(extra_vars)]
+        env = dict(os.environ)
+        env.setdefault("ANSIBLE_CONFIG", str(REPO / "ansible" / "ansible.cfg"))
+        if self.accept_new_host_keys:
+            env["ANSIBLE_HOST_KEY_CHECKING"] = "False"
+        res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+        if res.returncode != 0:
+            lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("fatal:", "failed:", "ERROR"))]
+            lines += [ln for ln in res.stderr.splitlines() if ln.strip()]
+            raise ClusterError(f"ansible-playbook {playbook} failed: {(lines or ['see its output'])[0][:400]}")
+        return res
+
+    # ------------------------------------------------------------------------------------------------ shaping
+    def _shaping_argv(self, spec: LabHostSpec, *args: str) -> list[str]:
+        return [spec.python, "-m", "shaping", *args]
+
+    def _names(self, hosts: list[Host] | list[str] | None) -> list[str]:
+        if hosts is None:
+            return list(self.specs)
+        return [self._spec(h).name for h in hosts]
+
+    def apply_shaping(
+        self,
+        shape: LinkShape,
+        hosts: list[Host] | None = None,
+        force: bool = False,
+        force_mgmt_iface: bool = False,
+        *,
+        ingress: bool = True,
+        confirm_within_s: float = DEFAULT_CONFIRM_WITHIN_S,
+    ) -> list[dict]:
+        """Shape each host's data NIC (egress, and ingress via ifb unless ingress=False), commit-confirmed: applied
+        host by host with a dead-man timer, then confirmed over fresh SSH connections. Any failure rolls every host
+        back to its previous shaping and raises. Returns the applied plan of each host."""
+        names = self._names(hosts)
+        args = [
+            "--bw",
+            str(shape.rate_bps),
+            "--qdisc",
+            shape.qdisc,
+            "--confirm-within",
+            f"{confirm_within_s:g}",
+            "--json",
+        ]
+        if shape.burst_bytes is not None:
+            args += ["--burst", str(shape.burst_bytes)]
+        if shape.delay_s:
+            args += ["--delay", f"{shape.delay_s * 1e6:g}us"]
+        if shape.jitter_s:
+            args += ["--jitter", f"{shape.jitter_s * 1e6:g}us"]
+        if shape.loss_pct:
+            args += ["--loss", f"{shape.loss_pct:g}"]
+        args += ["--ingress"] * ingress + ["--force"] * force + ["--force-mgmt-iface"] * force_mgmt_iface
+        applied: list[str] = []
+        results = []
+        try:
+            for n in names:
+                spec = self.specs[n]
+                res = self.run(n, self._shaping_argv(spec, "apply", "--dev", spec.data_iface, *args), timeout_s=120)
+                if res.returncode != 0:
+                    msg = f"host {n}: {(res.stderr.strip().splitlines() or ['shaping failed'])[-1].removeprefix('error: ')}"
+                    raise (InputError if res.returncode == 2 else ShapingError)(msg)
+                applied.append(n)
+                results.append({"host": n, **json.loads(res.stdout.strip().splitlines()[-1])})
+            for n in names:  # a *new* connection proves the host is still reachable with the new shaping
+                spec = self.specs[n]
+                fresh = SSHConnection(spec.ssh, accept_new_host_keys=False)
+                try:
+                    res = fresh.run(
+                        self._shaping_argv(spec, "confirm", "--dev", spec.data_iface, "--json"),
+                        cwd=spec.project_dir,
+                        timeout_s=60,
+                    )
+                except (TestbedError, subprocess.TimeoutExpired) as e:
+                    raise ShapingError(
+                        f"host {n}: unreachable over a new SSH connection after shaping ({e}); rolled back"
+                    ) from None
+                finally:
+                    fresh.close()
+                if res.returncode != 0:
+                    raise ShapingError(f"host {n}: confirming shaping failed: {res.stderr.strip()}")
+                applied.remove(n)
+        except BaseException:
+            for n in applied:  # still pending: restore now rather than wait for the timer
+                spec = self.specs[n]
+                try:
+                    self.run(n, self._shaping_argv(spec, "rollback", "--dev", spec.data_iface), timeout_s=60)
+                except (TestbedError, subprocess.TimeoutExpired):
+                    pass  # the host's own timer restores it at the deadline
+            raise
+        return results
+
+    def clear_shaping(self, hosts: list[Host] | None = None) -> None:
+        def clear(n: str) -> None:
+            spec = self.specs[n]
+            res = self.run(n, self._shaping_argv(spec, "clear", "--dev", spec.data_iface, "--json"), timeout_s=60)
+            if res.returncode != 0:
+                raise ShapingError(f"host {n}: clearing shaping failed: {res.stderr.strip()}")
+
+        errors = [str(r) for r in self._each(clear, self._names(hosts)).values() if isinstance(r, TestbedError)]
+        if errors:
+            raise ShapingError("; ".join(errors))
+
+    def shaping(self, host: Host | str) -> dict[str, Any]:
+        spec = self._spec(host)
+        res = self.run(spec.name, self._shaping_argv(spec, "show", "--dev", spec.data_iface, "--json"), timeout_s=60)
+        if res.returncode != 0:
+            raise ShapingError(f"host {spec.name}: reading shaping failed: {res.stderr.strip()}")
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    # ------------------------------------------------------------------------------------------- status / down
+    def status(self) -> dict[str, Any]:
+        facts = self._each(self.probe, list(self.specs))
+        hosts = []
+        for h in self.hosts():
+            f = facts[h.name]
+            row: dict[str, Any] = {
+                "name": h.name,
+                "address": h.address,
+                "data_iface": h.data_iface,
+                "netns": None,
+                "ssh": self.specs[h.name].ssh.where,
+            }
+            if isinstance(f, TestbedError):
+                row.update(reachable=False, error=str(f), links={})
+            else:
+                sh = f.get("shaping") or {}
+                ing = (sh.get("ingress") or {}).get("shaping") or {}
+                row.update(
+                    reachable=True,
+                    gpus=f.get("gpus", 0),
+                    nic_speed_mbps=f.get("nic_speed_mbps"),
+                    python=".".join(map(str, f.get("python", []))),
+                    torch=f.get("torch"),
+                    nccl=f.get("nccl"),
+                    links={
+                        "upload": {"ifname": h.data_iface, **(sh.get("egress") or {})},
+                        "download": {"ifname": (sh.get("ingress") or {}).get("ifb"), **ing},
+                    },
+                )
+            hosts.append(row)
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "inventory": str(self.inventory_path) if self.inventory_path else None,
+            "hosts": hosts,
+        }
+
+    def down(self) -> None:
+        """Clear shaping on every host and end every rank process group started for this cluster (also by other
+        controller processes: their pid files on the hosts are checked against a token before signalling)."""
+        self.kill_started()
+
+        def host_down(n: str) -> None:
+            spec = self.specs[n]
+            pids = self._remote_dir(spec) / "pids"
+            script = (
+                f'for f in {shlex.quote(str(pids))}/{shlex.quote(n + "-")}*.pid; do [ -f "$f" ] || continue; '
+                't=${f%.pid}; [ -f "$t.rc" ] && continue; p=$(cat "$f"); '
+                'case "$p" in \'\'|*[!0-9]*) continue;; esac; [ "$p" -gt 1 ] || continue; '
+                f'grep -qz "{TOKEN_ENV}=$(basename "$t")" /proc/$p/environ 2>/dev/null || continue; '
+                "kill -TERM -- -$p 2>/dev/null; i=0; while kill -0 -- -$p 2>/dev/null && [ $i -lt 30 ]; "
+                "do sleep 0.1; i=$((i+1)); done; kill -KILL -- -$p 2>/dev/null; done; true"
+            )
+            self._conn(n).run_line(script, timeout_s=120)
+            res = self.run(n, self._shaping_argv(spec, "clear", "--dev", spec.data_iface, "--json"), timeout_s=60)
+            if res.returncode != 0:
+                raise ShapingError(f"host {n}: clearing shaping failed: {res.stderr.strip()}")
+
+        errors = [str(r) for r in self._each(host_down, list(self.specs)).values() if isinstance(r, TestbedError)]
+        self.close()
+        if errors:
+            raise ClusterError("; ".join(errors))
+
+
+def command_for(argv: list[str]) -> str:
+    """The quoted command line lab hosts run for argv (exposed for tests and --dry-run output)."""
+    return command_line(argv)
