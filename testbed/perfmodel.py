@@ -623,6 +623,11 @@ def with_codec_speedup(profile: Profile, k: float) -> Profile:
     return replace(profile, compressors=comps)
 
 
+def serialized(profile: Profile) -> Profile:
+    """No overlap (the runner's `--serial` mode): every bucket is handed over only when backward has finished."""
+    return replace(profile, buckets=tuple(replace(b, ready_at_s=profile.backward_s) for b in profile.buckets))
+
+
 def what_if(profile: Profile, *, compute_speedup: float = 1.0, codec_speedup: float = 1.0) -> Profile:
     """Both knobs at once. More workers and another model are arguments of the predictors (world_size, profile)."""
     out = profile

@@ -93,8 +93,22 @@ def _variant(compressor: str, options) -> str:
     return f"{compressor}[{','.join(f'{k}={v}' for k, v in sorted(options.items()))}]"
 
 
+def _base(variant: str) -> str:
+    """Compressor name of a variant label ('powersgd[rank=4] serial' -> 'powersgd')."""
+    return variant.split("[")[0].split(" ")[0]
+
+
+def _is_serial(variant: str) -> bool:
+    return variant.endswith(" serial")
+
+
+def _variant_profile(prof: pm.Profile, variant: str) -> pm.Profile:
+    """The profile to predict a variant with: serial trials reduce the buckets only after backward."""
+    return pm.serialized(prof) if _is_serial(variant) else prof
+
+
 def _order_key(v: str) -> tuple:
-    base = v.split("[")[0]
+    base = _base(v)
     return (pm.COMPRESSORS.index(base) if base in pm.COMPRESSORS else len(pm.COMPRESSORS), v)
 
 
@@ -152,7 +166,11 @@ def check_results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict[str, 
         notes.append(f"{int(bad.sum())} ok trial(s) without an iteration time skipped")
         ok = ok[~bad]
     ok["rate_bps"] = ok["rate_bps"].fillna(0).astype("int64")
-    ok["variant"] = [_variant(c, o) for c, o in zip(ok["compressor"], ok["compressor_options"], strict=True)]
+    serial = ok["serial"].fillna(False).astype(bool) if "serial" in ok.columns else [False] * len(ok)
+    ok["variant"] = [
+        _variant(c, o) + (" serial" if sr else "")
+        for c, o, sr in zip(ok["compressor"], ok["compressor_options"], serial, strict=True)
+    ]
     return ok, notes, counts
 
 
@@ -194,7 +212,7 @@ def speedup_table(agg: pd.DataFrame, baseline: str) -> tuple[pd.DataFrame, list[
 def counted_variants(variants: Iterable[str], baseline: str) -> list[str]:
     """Variants that count as compression against `baseline` (16-bit baselines exclude all dense baselines)."""
     excluded = {baseline} if baseline == "syncsgd" else set(DENSE_BASELINES)
-    return [v for v in variants if v.split("[")[0] not in excluded and v != baseline]
+    return [v for v in variants if _base(v) not in excluded and v != baseline]
 
 
 def headline(sp: pd.DataFrame, baseline: str) -> tuple[str, int, int]:
@@ -272,7 +290,7 @@ def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: Model
         if not bps or (isinstance(bps, float) and math.isnan(bps)):
             continue
         pred = pm.predict_iteration(
-            prof,
+            _variant_profile(prof, r["variant"]),
             r["compressor"],
             _net(r["world_size"], bps, r["delay_s"], s),
             hook_blocks_backward=s.hook_blocks_backward,
@@ -316,7 +334,8 @@ def fit_efficiency_from_trials(
     """
     fits = []
     s1 = ModelSettings(latency_s, 1.0, hook_blocks_backward)
-    for _, r in ok[(ok["compressor"] == "syncsgd") & (ok["rate_bps"] > 0)].iterrows():
+    picked = ok[(ok["variant"] == "syncsgd") & (ok["rate_bps"] > 0)]
+    for _, r in picked.iterrows():
         prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]))
         if prof is None or int(r["world_size"]) < 2:
             continue
@@ -389,12 +408,12 @@ def plot_time_vs_bandwidth(
     delay = float(g["delay_s"].median()) if g["delay_s"].notna().any() else 0.0
     curves = {}
     if prof is not None and grid:
-        names = [v for v in variants if v.split("[")[0] in prof.compressor_names()]
+        names = [v for v in variants if _base(v) in prof.compressor_names()]
         for v in names:
-            c = v.split("[")[0]
+            c = _base(v)
             curves[v] = [
                 pm.predict_iteration(
-                    prof, c, _net(ws, b, delay, s), hook_blocks_backward=s.hook_blocks_backward
+                    _variant_profile(prof, v), c, _net(ws, b, delay, s), hook_blocks_backward=s.hook_blocks_backward
                 ).iter_time_s
                 for b in grid
             ]
@@ -438,11 +457,13 @@ def plot_time_vs_bandwidth(
         if mb:
             ax_t.axvline(mb, color=colors[v], linestyle=":", linewidth=1.5)
             ax_s.axvline(mb, color=colors[v], linestyle=":", linewidth=1.5)
-        if v in curves and base_curve is not None and shaped:
+        if _is_serial(v):
+            row["predicted"] = "n/a (serial)"
+        elif v in curves and base_curve is not None and shaped:
             lo_bps, hi_bps = shaped[0] / 10, shaped[-1] * 100
             pc = pm.crossover(
                 prof,
-                v.split("[")[0],
+                _base(v),
                 int(ws),
                 lo_bps,
                 hi_bps,
@@ -520,12 +541,15 @@ def plot_scaling(
             ax_tp.plot(d["world_size"], d["samples_per_s"], "o", color=colors[v], label=f"{v} measured")
             if single:
                 ax_eff.plot(d["world_size"], d["samples_per_s"] / (d["world_size"] * single), "o", color=colors[v])
-            c = v.split("[")[0]
+            c = _base(v)
             if prof is not None and rate > 0 and c in prof.compressor_names():
                 delay = float(d["delay_s"].median()) if d["delay_s"].notna().any() else 0.0
                 tp = [
                     pm.predict_iteration(
-                        prof, c, _net(p, rate, delay, s), hook_blocks_backward=s.hook_blocks_backward
+                        _variant_profile(prof, v),
+                        c,
+                        _net(p, rate, delay, s),
+                        hook_blocks_backward=s.hook_blocks_backward,
                     ).samples_per_s
                     for p in p_grid
                 ]

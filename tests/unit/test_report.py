@@ -291,3 +291,25 @@ def test_single_worker_trials_are_not_counted_as_configurations(tmp_path):
     res = build_report(df, tmp_path)
     assert (res.wins, res.configurations) == (4, 6)  # only the 2-worker configurations count
     assert any(p.name == "scaling_resnet18_bs32.png" for p in res.figures)
+
+
+def test_serial_trials_are_their_own_variant_and_predicted_without_overlap(tmp_path):
+    df = synthetic_frame(world_sizes=(2,))
+    serial = df[df["compressor"] == "powersgd"].copy()
+    serial["serial"] = True
+    serial["trial_id"] = serial["trial_id"] + "s"
+    serial["iter_time_s_p50"] = serial["iter_time_s_p50"] * 2
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict(model="resnet18", batch_size=32, n_buckets=4))
+    res = build_report(pd.concat([df, serial], ignore_index=True), tmp_path, profiles=[prof])
+    m = res.tables["speedups"]
+    assert "powersgd[rank=4] serial" in m.columns
+    assert m.loc[m["bandwidth"] == "10mbit", "powersgd[rank=4] serial"].iloc[0] == "40.00x"  # not pooled
+    err = res.tables["errors"].set_index("trial_id")
+    net = pm.Network(2, 1e9, 50e-6)
+    expect = pm.predict_iteration(pm.serialized(prof), "powersgd", net).iter_time_s * 1e3
+    sid = serial.loc[serial["rate_bps"] == 1_000_000_000, "trial_id"].iloc[0]
+    assert err.loc[sid, "predicted_ms"] == pytest.approx(expect)
+    assert (
+        pm.predict_iteration(pm.serialized(prof), "syncsgd", net).iter_time_s
+        > pm.predict_iteration(prof, "syncsgd", net).iter_time_s
+    )
