@@ -205,7 +205,7 @@ def clear(ifname: str, *, netns: str | None = None) -> bool:
 
 
 def _dump_tree(ipr: IPRoute, index: int) -> list[dict]:
-    """The egress qdisc tree of an interface as plain netlink messages (qdiscs then classes, parents first)."""
+    """The egress qdisc tree of an interface as plain netlink messages, parents before children."""
     messages = []
     for kind, dump in (("qdisc", ipr.get_qdiscs(index=index)), ("class", ipr.get_classes(index=index))):
         for msg in dump:
@@ -216,9 +216,32 @@ def _dump_tree(ipr: IPRoute, index: int) -> list[dict]:
             plain["attrs"] = [a for a in plain["attrs"] if a[0] in _REPLAYED_ATTRS]
             _fix_dumped_options(plain)
             messages.append({"kind": kind, "msg": plain})
-    # qdiscs first, root before children: sort by (kind order, parent==root first)
-    messages.sort(key=lambda m: (m["kind"] != "qdisc", m["msg"]["parent"] != TC_H_ROOT))
-    return messages
+    return _parents_first(messages)
+
+
+def _parents_first(messages: list[dict]) -> list[dict]:
+    """Order qdiscs and classes so that each one's parent is created before it (a leaf qdisc under an htb class,
+    netem under 7e57:1, nested htb classes): the root qdisc, then whatever hangs off what already exists."""
+
+    def needs(m: dict) -> int | None:
+        handle, parent = m["msg"]["handle"], m["msg"]["parent"]
+        if parent == TC_H_ROOT:  # a root qdisc needs nothing; a top-level class needs its qdisc (major:0)
+            return None if m["kind"] == "qdisc" else handle & 0xFFFF0000
+        return parent  # a class X:Y or a qdisc X:0 (qdisc and class handles never collide)
+
+    ordered: list[dict] = []
+    made: set[int] = set()
+    pending = sorted(messages, key=lambda m: (m["kind"] != "qdisc", m["msg"]["parent"] != TC_H_ROOT))
+    while pending:
+        ready = [m for m in pending if needs(m) is None or needs(m) in made]
+        if not ready:  # a parent missing from the dump: keep the rest in order, let the kernel say what is wrong
+            ordered += pending
+            break
+        for m in ready:
+            ordered.append(m)
+            made.add(m["msg"]["handle"])
+        pending = [m for m in pending if m not in ready]
+    return ordered
 
 
 def _save_tree(ipr: IPRoute, index: int, ifname: str, netns: str | None) -> None:
