@@ -81,7 +81,7 @@ class Trial:
             raise InputError(f"--bucket-cap-mb {self.bucket_cap_mb}: expected > 0")
         check_compressor(self.compressor, dict(self.options))
         if self.rate_bps is not None:
-            self.shape  # validates qdisc/rate/burst combinations
+            _ = self.shape  # validates qdisc/rate/burst combinations
 
     @property
     def shape(self) -> LinkShape | None:

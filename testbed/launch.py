@@ -18,7 +18,9 @@ import os
 import platform
 import random
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +34,18 @@ from testbed.results import ResultsStore
 
 POLL_INTERVAL_S = 0.05
 LOG_TAIL_LINES = 8
+STOP = threading.Event()  # set by a Ctrl-C handler: the running trial ends at its next poll, rolled back
+
+
+def stop_on_ctrl_c() -> None:
+    """First Ctrl-C: stop the running trial cleanly (ranks killed, shaping restored, row stored as interrupted).
+    A second Ctrl-C interrupts at once."""
+
+    def handler(signum, frame):
+        STOP.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, handler)
 
 
 class TrialFailed(LaunchError):
@@ -166,6 +180,9 @@ def run_trial(
         row["status"], row["error"] = e.status, str(e)
     except TestbedError as e:
         row["status"], row["error"] = "failed", str(e)
+    except KeyboardInterrupt:
+        row["status"], row["error"] = "failed", "interrupted (Ctrl-C); a resumed sweep runs it again"
+        raise
     finally:
         for p in procs:
             p.kill_group()
@@ -183,6 +200,8 @@ def run_trial(
 
 def _watch(procs: list, *, deadline: float, out_dir: Path) -> None:
     while True:
+        if STOP.is_set():
+            raise TrialFailed("interrupted (Ctrl-C); a resumed sweep runs it again")
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0):

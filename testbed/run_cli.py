@@ -82,7 +82,7 @@ def _cluster_for(args: argparse.Namespace, world_size: int):
 
 # ---------------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.launch import run_trial
+    from testbed.launch import run_trial, stop_on_ctrl_c
 
     if not args.bw:
         raise InputError("run needs --bw RATE (e.g. 500mbit), or --bw none for an unshaped run")
@@ -106,6 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"--world-size {trial.world_size} is larger than cluster {cluster.name!r} "
             f"({len(cluster.hosts())} hosts); use `testbed up --hosts {trial.world_size} --recreate`"
         )
+    stop_on_ctrl_c()
     with console.status(f"{trial.label()}: starting") as status:
         row = run_trial(
             cluster,
@@ -156,7 +157,7 @@ def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any
 
 # ---------------------------------------------------------------------------------------------------- sweep
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from testbed.launch import run_trial
+    from testbed.launch import STOP, run_trial, stop_on_ctrl_c
 
     store = ResultsStore(args.out)
     if args.config:
@@ -189,6 +190,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             f"({len(cluster.hosts())} hosts); use `testbed up --hosts N --recreate`"
         )
     failed = 0
+    stop_on_ctrl_c()
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -201,6 +203,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for trial in todo:
             progress.update(task, description=trial.label())
             row = run_trial(cluster, trial, store, timeout_s=args.timeout, probe=not args.no_probe)
+            if STOP.is_set():
+                progress.console.print(f"interrupted: {trial.label()} stored as failed; run the sweep again to resume")
+                return 130
             if row["status"] != "ok":
                 failed += 1
                 progress.console.print(f"[red]{row['status']}[/] {trial.label()}: {row['error']}")

@@ -1,0 +1,42 @@
+"""A stand-in rank program for the launcher's failure tests (run as `python -m tests.integration.fault_runner`).
+
+It takes the real runner's command line (and ignores it) and misbehaves as $TESTBED_FAULT says:
+  crash:R   rank R prints a marker line and exits 3; the other ranks block as if waiting in a collective
+  hang      every rank blocks forever (the trial timeout must end it)
+  ok        every rank writes a minimal summary.json (rank 0) and exits 0
+Blocking is a wait on an Event nobody sets: that is the fault under test, not synchronisation.
+"""
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+fault = os.environ.get("TESTBED_FAULT", "ok")
+rank = int(os.environ["RANK"])
+out = Path(sys.argv[sys.argv.index("--out") + 1])
+print(f"fault runner rank {rank} pid {os.getpid()} fault {fault}", flush=True)
+if fault.startswith("crash:") and rank == int(fault.split(":")[1]):
+    print(f"FAULT-MARKER rank {rank} crashing on purpose", flush=True)
+    sys.exit(3)
+if fault.startswith("crash:") or fault == "hang":
+    threading.Event().wait()
+if rank == 0:
+    metrics = [
+        "iter_time_s_mean",
+        "iter_time_s_p5",
+        "iter_time_s_p50",
+        "iter_time_s_p95",
+        "samples_per_s",
+        "forward_s",
+        "backward_s",
+        "encode_s",
+        "comm_s",
+        "decode_s",
+        "optimizer_s",
+        "payload_bytes_per_iter",
+        "wire_tx_bytes_per_iter",
+        "wire_rx_bytes_per_iter",
+    ]
+    (out / "summary.json").write_text(json.dumps({m: 1.0 for m in metrics} | {"env": {"backend": "gloo"}}))

@@ -1,0 +1,308 @@
+"""`testbed run` / `sweep` / `results` on real emulated hosts with real gloo ranks (root).
+
+Small models and few iterations keep this file to about two minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import REPO, cluster_netns, one_line, pids_in_netns, wait_for
+
+pytestmark = pytest.mark.root
+
+FAST = ["--model", "mlp", "--batch-size", "8", "--iters", "3", "--warmup-iters", "2", "--no-probe"]
+FAULT_RUNNER = ["--runner-module", "tests.integration.fault_runner"]
+
+
+def _rows(out: Path) -> pd.DataFrame:
+    from testbed.results import load_results
+
+    return load_results(out)
+
+
+def test_run_every_compressor_on_two_hosts(make_cluster, testbed_cli, tmp_path):
+    from runners.compressors import names
+
+    name = make_cluster(2, "--bw", "1gbit")
+    out = tmp_path / "res"
+    for comp in names():
+        done = testbed_cli(
+            "run", "--name", name, "--bw", "500mbit", "--compressor", comp, "--out", str(out), *FAST, timeout_s=180
+        )
+        assert done.returncode == 0, f"{comp}: {done.stdout[-800:]} {done.stderr[-800:]}"
+    df = _rows(out)
+    assert sorted(df["compressor"]) == sorted(names())
+    assert (df["status"] == "ok").all(), df[["compressor", "error"]].to_string()
+    assert (df["iter_time_s_mean"] > 0).all() and (df["samples_per_s"] > 0).all()
+    assert (df["rate_bps"] == 500_000_000).all()
+    # the run shaped at 500mbit, then put the cluster's own 1gbit back
+    status = json.loads(testbed_cli("status", "--name", name, "--json").stdout)
+    assert {h["links"]["upload"]["rate_bps"] for h in status["hosts"]} == {1_000_000_000}
+    assert {h["links"]["download"]["rate_bps"] for h in status["hosts"]} == {1_000_000_000}
+    # results table and CSV export read the same store
+    table = testbed_cli("results", str(out), "--json")
+    assert table.returncode == 0 and len(json.loads(table.stdout)) == len(names())
+    csv = tmp_path / "all.csv"
+    assert testbed_cli("results", str(out), "--csv", str(csv)).returncode == 0
+    assert len(pd.read_csv(csv)) == len(names())
+
+
+def test_powersgd_puts_far_fewer_bytes_on_the_wire(make_cluster, testbed_cli, tmp_path):
+    """The compression is real on the link (interface counters), not only in the accounting."""
+    name = make_cluster(2)
+    out = tmp_path / "res"
+    common = [
+        "--model",
+        "resnet18",
+        "--image-size",
+        "32",
+        "--batch-size",
+        "4",
+        "--iters",
+        "3",
+        "--warmup-iters",
+        "3",
+        "--no-probe",
+        "--out",
+        str(out),
+        "--name",
+        name,
+        "--bw",
+        "none",
+    ]
+    sync = testbed_cli("run", "--compressor", "syncsgd", *common, "--json", timeout_s=300)
+    psgd = testbed_cli("run", "--compressor", "powersgd", "--rank", "2", *common, "--json", timeout_s=300)
+    assert sync.returncode == 0, sync.stderr[-1000:]
+    assert psgd.returncode == 0, psgd.stderr[-1000:]
+    sync_row, psgd_row = json.loads(sync.stdout)["row"], json.loads(psgd.stdout)["row"]
+    assert sync_row["wire_tx_bytes_per_iter"] > 40e6  # resnet18: 11.7M fp32 gradients, all-reduced
+    assert psgd_row["wire_tx_bytes_per_iter"] < 0.2 * sync_row["wire_tx_bytes_per_iter"]
+    # the summary compares with the stored syncsgd baseline
+    assert json.loads(psgd.stdout)["baseline_row"]["trial_id"] == sync_row["trial_id"]
+
+
+def test_rank_crash_fails_fast_with_its_log(make_cluster, cli_env, tmp_path):
+    name = make_cluster(2)
+    env = dict(cli_env, TESTBED_FAULT="crash:1")
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "--name",
+            name,
+            "--bw",
+            "100mbit",
+            "--out",
+            str(tmp_path / "res"),
+            *FAST,
+            *FAULT_RUNNER,
+            "--json",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert time.monotonic() - t0 < 30
+    assert done.returncode == 1
+    row = json.loads(done.stdout)["row"]
+    assert row["status"] == "failed"
+    assert "rank 1" in row["error"] and "FAULT-MARKER" in row["error"]
+    for ns in cluster_netns(name):
+        assert pids_in_netns(ns) == [], f"rank processes left in {ns}"
+    assert _rows(tmp_path / "res")["status"].tolist() == ["failed"]
+
+
+def test_rank_hang_hits_the_trial_timeout(make_cluster, cli_env, tmp_path):
+    name = make_cluster(2)
+    env = dict(cli_env, TESTBED_FAULT="hang")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "--name",
+            name,
+            "--bw",
+            "100mbit",
+            "--out",
+            str(tmp_path / "res"),
+            "--timeout",
+            "4",
+            *FAST,
+            *FAULT_RUNNER,
+            "--json",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    row = json.loads(done.stdout)["row"]
+    assert row["status"] == "timeout" and "timed out" in row["error"]
+    for ns in cluster_netns(name):
+        assert pids_in_netns(ns) == []
+
+
+def test_cli_killed_mid_run_is_cleaned_by_down(make_cluster, cli_env, testbed_cli, tmp_path):
+    name = make_cluster(2)
+    out = tmp_path / "res"
+    env = dict(cli_env, TESTBED_FAULT="hang")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "--name",
+            name,
+            "--bw",
+            "100mbit",
+            "--out",
+            str(out),
+            *FAST,
+            *FAULT_RUNNER,
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(
+            lambda: all(pids_in_netns(ns) for ns in cluster_netns(name) if ns.endswith(("-h0", "-h1"))),
+            60,
+            "ranks running in both host namespaces",
+        )
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert any(pids_in_netns(ns) for ns in cluster_netns(name))  # the orphaned ranks are still there...
+    done = testbed_cli("down", "--name", name)
+    assert done.returncode == 0
+    assert cluster_netns(name) == []  # ...and down removed them with everything else
+
+
+def test_sweep_interrupted_then_resumed_has_no_lost_or_duplicated_rows(make_cluster, cli_env, testbed_cli, tmp_path):
+    name = make_cluster(2)
+    out = tmp_path / "sweep"
+    args = [
+        "sweep",
+        "--name",
+        name,
+        "--bw",
+        "200mbit,1gbit",
+        "--compressor",
+        "syncsgd,fp16",
+        "--world-size",
+        "2",
+        "--out",
+        str(out),
+        *FAST,
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", *args],
+        env=cli_env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(
+            lambda: len(list((out / "rows").glob("*.parquet"))) >= 1 if (out / "rows").is_dir() else False,
+            120,
+            "the first stored trial",
+        )
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first = _rows(out)
+    assert 1 <= (first["status"] == "ok").sum() < 4
+    again = testbed_cli(*args, timeout_s=300)
+    assert again.returncode == 0, again.stderr[-800:]
+    df = _rows(out)
+    assert len(df) == 4 and df["trial_id"].is_unique and (df["status"] == "ok").all()
+    ok_before = set(first.loc[first["status"] == "ok", "trial_id"])
+    assert ok_before <= set(df["trial_id"])
+    # a finished sweep does nothing when run again
+    third = testbed_cli(*args, timeout_s=120)
+    assert "0 to run" in third.stdout
+    assert sorted(p.name for p in (out / "rows").glob("*.parquet")) == sorted(f"{t}.parquet" for t in df["trial_id"])
+
+
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["run", "--bw", "100mbit", "--world-size", "5"], "larger than cluster"),
+        (["run", "--bw", "100mbit", "--compressor", "zip"], "unknown compressor"),
+        (["run", "--bw", "100mbit", "--compressor", "topk", "--rank", "4"], "does not apply to topk"),
+        (["run", "--bw", "9gbps"], "ambiguous unit"),
+        (["run", "--bw", "100mbit", "--batch-size", "0"], "--batch-size"),
+    ],
+)
+def test_bad_run_input_exits_2_and_starts_nothing(make_cluster, testbed_cli, tmp_path, args, expect):
+    name = make_cluster(2)
+    before = {ns: pids_in_netns(ns) for ns in cluster_netns(name)}
+    done = testbed_cli(*args, "--name", name, "--out", str(tmp_path / "res"))
+    assert done.returncode == 2
+    assert expect in one_line(done.stderr)
+    assert {ns: pids_in_netns(ns) for ns in cluster_netns(name)} == before
+    assert not (tmp_path / "res" / "rows").exists()
+
+
+def test_bad_sweep_input_exits_2(testbed_cli, tmp_path, cluster_name):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('bw = ["100mbit"]\ncompressor = ["syncsgd"]\nworld_size = [2]\nbatchsize = 8\n')
+    done = testbed_cli("sweep", "--name", cluster_name, "--config", str(bad))
+    assert done.returncode == 2 and "bad.toml:4: unknown key 'batchsize'" in one_line(done.stderr)
+    bad.write_text('bw = ["100mbit"]\ncompressor = ["syncsgd"]\nworld_size = 2\n')
+    done = testbed_cli("sweep", "--name", cluster_name, "--config", str(bad))
+    assert done.returncode == 2 and "world_size" in one_line(done.stderr)
+    bad.write_text('bw = ["100mbit"\n')
+    done = testbed_cli("sweep", "--name", cluster_name, "--config", str(bad))
+    assert done.returncode == 2 and "invalid TOML" in one_line(done.stderr)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    done = testbed_cli(
+        "sweep",
+        "--name",
+        cluster_name,
+        "--bw",
+        "1gbit",
+        "--compressor",
+        "syncsgd",
+        "--world-size",
+        "2",
+        "--out",
+        str(a_file),
+    )
+    assert done.returncode == 2 and "is a file" in one_line(done.stderr)
+    assert cluster_netns(cluster_name) == []  # nothing was brought up
+
+
+def test_shipped_sweeps_parse():
+    from testbed.config import load_sweep_toml
+
+    files = sorted((REPO / "sweeps").glob("*.toml"))
+    assert files, "sweeps/ ships ready-made sweep files"
+    for f in files:
+        trials = load_sweep_toml(f)
+        assert trials and len({t.trial_id for t in trials}) == len(trials)
