@@ -96,11 +96,13 @@ class BertForMaskedLM(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, d_in: int = 32, hidden: int = 64, classes: int = 10) -> None:
+    def __init__(self, d_in: int = 32, hidden: int = 64, classes: int = 10, depth: int = 5) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, classes)
-        )
+        layers: list[nn.Module] = [nn.Linear(d_in, hidden), nn.ReLU()]
+        for _ in range(depth - 2):
+            layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+        layers.append(nn.Linear(hidden, classes))
+        self.net = nn.Sequential(*layers)
 
     def forward(self, x):
         return self.net(x)

@@ -1,0 +1,83 @@
+"""Run a function on N real gloo ranks (spawned processes, 127.0.0.1) and collect their results.
+
+No mocks: each rank is a process with its own gloo process group (FileStore rendezvous in a temp dir, so no port
+races; gloo's own connections go over loopback). A failing rank cannot hang the test: the process group has a
+collective timeout, and the harness kills (by PID) every rank still alive at the deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+
+import torch.multiprocessing as mp
+
+COLLECTIVE_TIMEOUT_S = 30
+
+
+def _entry(fn, rank, world, store_path, out_dir, args):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{store_path}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+        )
+        try:
+            result = fn(rank, world, *args)
+        finally:
+            dist.destroy_process_group()
+        with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
+            pickle.dump(result, f)
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+def run_world(fn, world: int, *args, timeout_s: float = 120.0) -> list:
+    """``fn(rank, world, *args)`` on ``world`` ranks; returns the per-rank results (picklable) in rank order."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="gcdist-") as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [ctx.Process(target=_entry, args=(fn, r, world, store, tmp, args)) for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        finally:
+            hung = [p for p in procs if p.is_alive()]
+            for p in hung:
+                p.kill()  # by PID: only the ranks this harness started
+            for p in hung:
+                p.join(10)
+        errors = []
+        for r in range(world):
+            err = os.path.join(tmp, f"rank{r}.err")
+            if os.path.exists(err):
+                with open(err) as f:
+                    errors.append(f"rank {r}:\n{f.read()}")
+        if errors:
+            raise AssertionError("\n".join(errors))
+        if hung:
+            raise TimeoutError(f"ranks {[procs.index(p) for p in hung]} still running after {timeout_s}s")
+        bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+        if bad:
+            raise AssertionError(f"ranks exited non-zero: {bad}")
+        results = []
+        for r in range(world):
+            with open(os.path.join(tmp, f"rank{r}.pkl"), "rb") as f:
+                results.append(pickle.load(f))
+        return results
