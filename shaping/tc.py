@@ -48,7 +48,8 @@ def _backup_path(ifname: str, netns: str | None) -> Path:
 @contextlib.contextmanager
 def _ipr(netns: str | None) -> Iterator[IPRoute]:
     try:
-        ipr = IPRoute(netns=netns) if netns else IPRoute()
+        # flags=0: never create the namespace (pyroute2's default O_CREAT would make an empty one for a wrong name)
+        ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
     except PermissionError:
         raise PermissionDenied("shaping needs root or CAP_NET_ADMIN") from None
     except (FileNotFoundError, OSError) as e:
