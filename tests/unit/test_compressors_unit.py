@@ -1,0 +1,114 @@
+"""Compressor registry, option validation, bit packing, layouts and checkpointing (no process group)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runners import compressors
+from runners.compressors.base import FlatBucket, layout_of, orthogonalize_
+from runners.compressors.powersgd import should_compress
+from runners.compressors.signsgd import pack_signs, unpack_signs
+
+
+def test_names_and_get_return_state_and_callable_hook():
+    assert compressors.names() == ["syncsgd", "fp16", "bf16", "powersgd", "acpsgd", "signsgd", "topk", "mstopk"]
+    for name in compressors.names():
+        state, hook = compressors.get(name)
+        assert callable(hook) and state.NAME == name
+        assert state.COLLECTIVE in ("allreduce", "allgather") and state.ROUNDS >= 1
+        assert isinstance(state.warmup_iters, int)
+        # hyper-parameters come first in __slots__
+        slots = type(state).__slots__
+        assert tuple(slots[: len(state.HYPERPARAMS)]) == state.HYPERPARAMS
+
+
+@pytest.mark.parametrize(
+    "name,opts,needle",
+    [
+        ("nope", {}, "unknown compressor 'nope'; valid: syncsgd, fp16"),
+        ("topk", {"ratio": 1.5}, "topk ratio 1.5 is outside (0, 1]"),
+        ("topk", {"ratio": 0}, "topk ratio 0 is outside (0, 1]"),
+        ("mstopk", {"ratio": -0.1}, "mstopk ratio -0.1 is outside (0, 1]"),
+        ("topk", {"rank": 4}, "option 'rank' does not apply to topk; topk accepts: ratio, error_feedback"),
+        ("fp16", {"ratio": 0.1}, "option 'ratio' does not apply to fp16; fp16 accepts: no options"),
+        ("powersgd", {"rank": 0}, "powersgd rank 0 is not accepted: expected an integer >= 1"),
+        ("powersgd", {"rank": 2.5}, "powersgd rank 2.5"),
+        ("powersgd", {"start_iter": 1}, "powersgd start_iter 1 must be >= 2"),
+        ("acpsgd", {"start_iter": 0}, "acpsgd start_iter 0 must be >= 2"),
+        ("powersgd", {"min_compression_rate": -1}, "min_compression_rate -1"),
+        ("signsgd", {"error_feedback": "yes"}, "signsgd error_feedback 'yes'"),
+        ("mstopk", {"samplings": 0}, "mstopk samplings 0"),
+    ],
+)
+def test_bad_options_raise_one_line_value_error(name, opts, needle):
+    with pytest.raises(ValueError) as info:
+        compressors.get(name, **opts)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_powersgd_start_iter_can_be_small_without_memory():
+    state, _ = compressors.get("powersgd", start_iter=0, error_feedback=False, warm_start=False)
+    assert state.warmup_iters == 0
+    assert compressors.get("powersgd", start_iter=5)[0].warmup_iters == 5
+    assert compressors.get("topk")[0].warmup_iters == 2  # per-bucket residual: wait for DDP's rebuild
+    assert compressors.get("signsgd")[0].warmup_iters == 0
+
+
+@pytest.mark.parametrize("d", [1, 7, 8, 9, 64, 1001])
+def test_sign_packing_round_trips(d):
+    bits = torch.rand(d, generator=torch.Generator().manual_seed(d)) > 0.5
+    packed = pack_signs(bits)
+    assert packed.dtype == torch.uint8 and packed.numel() == (d + 7) // 8
+    assert torch.equal(unpack_signs(packed, d), bits)
+    two = torch.stack([packed, pack_signs(~bits)])
+    assert torch.equal(unpack_signs(two, d), torch.stack([bits, ~bits]))
+
+
+def test_sign_packing_is_msb_first():
+    bits = torch.tensor([True] + [False] * 7 + [False] * 7 + [True])
+    assert pack_signs(bits).tolist() == [128, 1]
+
+
+def test_should_compress_follows_pytorch_rule():
+    # (rows + cols) * rank * rate < rows * cols
+    assert should_compress(100, 100, 4, 2.0)  # 1600 < 10000
+    assert not should_compress(8, 8, 4, 2.0)  # 128 >= 64
+    assert should_compress(8, 8, 4, 0.0)
+
+
+def test_layout_and_flat_bucket_views():
+    buf = torch.arange(2 * 3 + 4 + 2 * 2 * 2, dtype=torch.float32)
+    fb = FlatBucket(3, buf, [(2, 3), (4,), (2, 2, 2)], True)
+    lay = layout_of(fb)
+    assert lay.offsets == (0, 6, 10) and lay.numel == 18
+    mats, vecs = lay.split()
+    assert mats == [(0, 2, 3), (10, 2, 4)] and vecs == [(6, 4)]
+    g = fb.gradients()
+    g[1].fill_(-1)
+    assert buf[6:10].eq(-1).all()  # views, not copies
+
+
+def test_orthogonalize_gives_orthonormal_columns():
+    for r in (1, 2, 4):
+        m = torch.randn(20, r, generator=torch.Generator().manual_seed(r))
+        orthogonalize_(m)
+        assert torch.allclose(m.t() @ m, torch.eye(r), atol=1e-5)
+
+
+def test_state_dict_round_trip_and_mismatch():
+    state, _ = compressors.get("acpsgd", rank=2)
+    state.iter, state.step = 7, 5
+    state.error[0] = torch.ones(3)
+    state.p_memory[0] = torch.arange(4.0)
+    sd = state.state_dict()
+    fresh, _ = compressors.get("acpsgd", rank=2)
+    fresh.load_state_dict(sd)
+    assert fresh.iter == 7 and fresh.step == 5
+    assert torch.equal(fresh.error[0], torch.ones(3)) and torch.equal(fresh.p_memory[0], torch.arange(4.0))
+    sd["error"][0].fill_(9)  # the loaded state does not alias the dict
+    assert torch.equal(fresh.error[0], torch.ones(3))
+    with pytest.raises(ValueError, match="options"):
+        compressors.get("acpsgd", rank=3)[0].load_state_dict(sd)
+    with pytest.raises(ValueError, match="not 'topk'"):
+        compressors.get("topk")[0].load_state_dict(sd)

@@ -1,0 +1,89 @@
+"""runners.train input validation (in-process: no process group is ever created) and phase arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from runners import train
+from runners.timing import Clock, CommStats
+
+ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--model", "nope", "--out", "x"], "unknown model 'nope'; valid: resnet18, resnet50"),
+        (["--model", "mlp", "--compressor", "zip", "--out", "x"], "unknown compressor 'zip'; valid: syncsgd"),
+        (["--model", "mlp", "--compressor", "powersgd", "--opt", "rank=0", "--out", "x"], "powersgd rank 0"),
+        (["--model", "mlp", "--compressor", "powersgd", "--opt", "rank=-3", "--out", "x"], "powersgd rank -3"),
+        (["--model", "mlp", "--compressor", "topk", "--opt", "ratio=0", "--out", "x"], "topk ratio 0 is outside"),
+        (["--model", "mlp", "--compressor", "topk", "--opt", "rank=2", "--out", "x"],
+         "option 'rank' does not apply to topk; topk accepts: ratio, error_feedback"),
+        (["--model", "mlp", "--compressor", "powersgd", "--opt", "start_iter=1", "--out", "x"], "start_iter 1"),
+        (["--model", "mlp", "--batch-size", "0", "--out", "x"], "--batch-size 0 is not accepted"),
+        (["--model", "mlp", "--iters", "0", "--out", "x"], "--iters 0"),
+        (["--model", "mlp", "--opt", "junk", "--out", "x"], "'junk' is not KEY=VALUE"),
+        (["--model", "mlp", "--iface", "nosuchif0", "--out", "x"], "--iface 'nosuchif0' does not exist"),
+        (["--model", "mlp"], "required: --out"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(torchrun_env, capsys, args, needle):
+    assert train.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("train: error: ") and needle in err[0], err
+
+
+def test_bad_rank_env(monkeypatch, capsys):
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("RANK", "2")
+    assert train.main(["--model", "mlp", "--out", "x"]) == 2
+    assert "RANK=2 WORLD_SIZE=2" in capsys.readouterr().err
+
+
+def test_opt_values_are_typed():
+    assert train.parse_value("4") == 4 and train.parse_value("0.5") == 0.5
+    assert train.parse_value("true") is True and train.parse_value("False") is False
+    assert train.parse_value("abc") == "abc"
+
+
+def test_percentile():
+    xs = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert train.percentile(xs, 0.5) == 3.0 and train.percentile(xs, 0.0) == 1.0
+    assert train.percentile(xs, 0.95) == pytest.approx(4.8)
+
+
+def test_overlapped_phases_partition_the_backward_wall_time():
+    """Synchronous hook work is carved out of backward; the tail after the last hook is exposed comm."""
+    clock = Clock("cpu")
+    stats = CommStats(clock)
+    t0, t1 = 0.0, 1.0  # forward 1 s
+    # hook of one bucket at 1.5..1.9: encode 0.1, comm wait 0.2, decode 0.1; last grad at 2.5; backward ends 3.0
+    stats.intervals = [("encode", 0, 1.5, 1.6, True), ("comm", 0, 1.6, 1.8, True), ("decode", 0, 1.8, 1.9, True)]
+    stats.hook_end = 1.9
+    ph = train._phases(clock, stats, False, t0, t1, 3.0, 3.0, 3.25, 2.5)
+    assert ph["forward_s"] == pytest.approx(1.0)
+    assert ph["encode_s"] == pytest.approx(0.1) and ph["decode_s"] == pytest.approx(0.1)
+    assert ph["comm_s"] == pytest.approx(0.2 + 0.5)  # in-hook wait + tail after the last gradient
+    assert ph["backward_s"] == pytest.approx(2.0 - 0.4 - 0.5)
+    assert ph["optimizer_s"] == pytest.approx(0.25)
+    assert sum(ph.values()) == pytest.approx(3.25)
+
+
+def test_async_decode_hidden_under_backward_is_not_counted():
+    clock = Clock("cpu")
+    stats = CommStats(clock)
+    stats.intervals = [("encode", 0, 1.1, 1.2, True), ("decode", 0, 1.5, 1.6, False),  # hidden
+                       ("decode", 1, 2.8, 2.9, False)]  # during the tail: exposed  # fmt: skip
+    stats.hook_end = 2.0
+    ph = train._phases(clock, stats, False, 0.0, 1.0, 3.0, 3.0, 3.0, 2.5)
+    assert ph["decode_s"] == pytest.approx(0.1)
+    assert ph["comm_s"] == pytest.approx(0.5 - 0.1)
+    assert sum(ph.values()) == pytest.approx(3.0)
