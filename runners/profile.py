@@ -1,0 +1,228 @@
+"""Single-process profile of a model and of compressors, for the performance model (testbed/perfmodel.py).
+
+``profile_model(...)`` runs on one rank (a world-size-1 gloo group on a FileStore when no group exists), measures
+forward / backward / optimizer medians, DDP's buckets (in reduction order, with the time after backward start at
+which DDP hands each to the hook), and, per compressor, each bucket's payload bytes and encode / decode medians
+(by running the compressor's hook on copies of the real gradient buckets). Format: ``testbed.profile/1``.
+
+CLI: ``python -m runners.profile --model resnet18 --batch-size 32 --compressors syncsgd,powersgd --out p.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from runners import compressors as registry
+from runners.buckets import BucketRecorder
+from runners.compressors.base import FlatBucket
+from runners.models import build
+from runners.timing import Clock
+
+SCHEMA = "testbed.profile/1"
+
+
+def profile_model(
+    model: str,
+    batch_size: int,
+    compressors: list[str],
+    *,
+    image_size: int = 64,
+    seq_len: int = 128,
+    iters: int = 5,
+    bucket_cap_mb: float = 25,
+    options: dict[str, dict] | None = None,
+    device: str = "cpu",
+) -> dict:
+    """Profile ``model`` and each compressor in ``compressors``. See the module docstring for the format."""
+    names = list(compressors)
+    return _profile(model, batch_size, list(names), image_size, seq_len, iters, bucket_cap_mb, options or {}, device)
+
+
+def _validate(model, batch_size, names, iters, bucket_cap_mb, options, device):
+    if batch_size < 1:
+        raise ValueError(f"batch size {batch_size} is not accepted: expected >= 1")
+    if iters < 1:
+        raise ValueError(f"iters {iters} is not accepted: expected >= 1")
+    if not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb {bucket_cap_mb} is not accepted: expected > 0")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not accepted: expected 'cpu' or 'cuda'")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but no CUDA device is visible")
+    for key in options:
+        if key not in names:
+            raise ValueError(f"options given for {key!r}, which is not among the compressors {names}")
+    states = {}
+    for name in names:
+        states[name] = registry.get(name, **options.get(name, {}))  # raises ValueError on bad names/options
+    return states
+
+
+def _profile(model, batch_size, names, image_size, seq_len, iters, bucket_cap_mb, options, device) -> dict:
+    states = _validate(model, batch_size, names, iters, bucket_cap_mb, options, device)
+    own_group = not dist.is_initialized()
+    tmp = None
+    if own_group:
+        tmp = tempfile.mkdtemp(prefix="gcprof-")
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1,
+                                timeout=timedelta(seconds=60))  # fmt: skip
+    elif dist.get_world_size() != 1:
+        raise ValueError(f"profile_model runs on one rank; the current process group has {dist.get_world_size()}")
+    try:
+        return _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_cap_mb, device)
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+            try:
+                os.remove(f"{tmp}/store")
+            except OSError:
+                pass
+            os.rmdir(tmp)
+
+
+def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_cap_mb, device) -> dict:
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    clock = Clock(dev)
+    spec = build(model, batch_size, image_size=image_size, seq_len=seq_len, device=dev)
+    ddp = DDP(spec.module, device_ids=[dev.index] if dev.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb,
+              gradient_as_bucket_view=True)  # fmt: skip
+    recorder = BucketRecorder(clock)
+    base_state, base_hook = registry.get("syncsgd", builtin=False)
+    ddp.register_comm_hook(base_state, recorder.wrap(base_hook))
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    fwd, bwd, optim, ready = [], [], [], {}
+    for step in range(2 + iters):  # 2 unmeasured: DDP rebuilds its buckets after iteration 1
+        x, y = spec.make_batch(step)
+        t0 = clock.now()
+        loss = spec.loss_fn(ddp(x), y)
+        t1 = clock.now()
+        loss.backward()
+        t2 = clock.now()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        t3 = clock.now()
+        clock.synchronize()
+        if step >= 2:
+            fwd.append(clock.seconds(t0, t1))
+            bwd.append(clock.seconds(t1, t2))
+            optim.append(clock.seconds(t2, t3))
+            for info in recorder.buckets.values():
+                ready.setdefault(info.index, []).append(clock.seconds(t1, info.ready_mark))
+    # gradients of one real step, kept for the compressor runs
+    x, y = spec.make_batch(0)
+    spec.loss_fn(ddp(x), y).backward()
+    infos = recorder.ordered()
+    grads = [info.buffer.detach().clone() for info in infos]
+    buckets = [
+        {"index": info.index, "grad_bytes": g.numel() * g.element_size(), "numel": g.numel(),
+         "ready_at_s": statistics.median(ready.get(info.index, [0.0]))}
+        for info, g in zip(infos, grads, strict=True)
+    ]  # fmt: skip
+    buckets.sort(key=lambda b: (b["ready_at_s"], b["index"]))
+    result = {
+        "schema": SCHEMA,
+        "model": model,
+        "batch_size": batch_size,
+        "image_size": spec.image_size,
+        "seq_len": spec.seq_len,
+        "device": dev.type,
+        "torch_version": torch.__version__,
+        "hostname": socket.gethostname(),
+        "bucket_cap_mb": float(bucket_cap_mb),
+        "forward_s": statistics.median(fwd),
+        "backward_s": statistics.median(bwd),
+        "optimizer_s": statistics.median(optim),
+        "buckets": buckets,
+        "compressors": {},
+    }
+    for name in names:
+        state, hook = states[name]
+        result["compressors"][name] = profile_hook(state, hook, infos, grads, iters, clock)
+    return result
+
+
+def profile_hook(state, hook, infos, grads, iters: int, clock: Clock) -> dict:
+    """Per-bucket payload bytes and encode/decode medians of one compressor, on copies of ``grads``."""
+    state.stats.clock = clock
+    if getattr(state, "builtin", False):
+        per = [{"index": info.index, "payload_bytes": g.numel() * g.element_size(), "encode_s": 0.0,
+                "decode_s": 0.0} for info, g in zip(infos, grads, strict=True)]  # fmt: skip
+        return {"options": state.options(), "collective": state.COLLECTIVE, "rounds": state.ROUNDS, "buckets": per}
+    state.iter = state.warmup_iters  # every step compressed (per-bucket memory starts empty, as after warm-up)
+    samples: dict[int, dict[str, list]] = {}
+    for _ in range(1 + iters):  # the first pass fills error feedback / warm-start memory, unmeasured
+        state.stats.reset()
+        futs = []
+        for pos, (info, g) in enumerate(zip(infos, grads, strict=True)):
+            fb = FlatBucket(info.index, g.clone(), info.shapes, pos == len(infos) - 1)
+            futs.append(hook(state, fb))
+        for f in futs:
+            f.wait()
+        clock.synchronize()
+        collected = state.stats.collect()["per_bucket"]
+        for index, row in collected.items():
+            s = samples.setdefault(index, {"payload_bytes": [], "encode_s": [], "decode_s": []})
+            for k in s:
+                s[k].append(row.get(k, 0))
+    per = []
+    for info in infos:
+        s = samples[info.index]
+        per.append({
+            "index": info.index,
+            "payload_bytes": int(round(statistics.fmean(s["payload_bytes"][1:] or s["payload_bytes"]))),
+            "encode_s": statistics.median(s["encode_s"][1:] or s["encode_s"]),
+            "decode_s": statistics.median(s["decode_s"][1:] or s["decode_s"]),
+        })  # fmt: skip
+    return {"options": state.options(), "collective": state.COLLECTIVE, "rounds": state.ROUNDS, "buckets": per}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="profile", description="Profile a model and compressors on one rank.")
+    p.add_argument("--model", required=True)
+    p.add_argument("--batch-size", type=int, required=True)
+    p.add_argument("--compressors", default="syncsgd", help="comma-separated names")
+    p.add_argument("--opt", action="append", default=[], metavar="NAME.KEY=VALUE",
+                   help="compressor option, e.g. --opt powersgd.rank=4")  # fmt: skip
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--bucket-cap-mb", type=float, default=25)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    from runners.train import atomic_write, parse_value
+
+    try:
+        options: dict[str, dict] = {}
+        for item in args.opt:
+            key, sep, value = item.partition("=")
+            name, dot, opt = key.partition(".")
+            if not sep or not dot:
+                raise ValueError(f"--opt {item!r} is not NAME.KEY=VALUE")
+            options.setdefault(name, {})[opt] = parse_value(value)
+        names = [n for n in args.compressors.split(",") if n]
+        result = profile_model(args.model, args.batch_size, names, image_size=args.image_size,
+                               seq_len=args.seq_len, iters=args.iters, bucket_cap_mb=args.bucket_cap_mb,
+                               options=options, device=args.device)  # fmt: skip
+    except ValueError as e:
+        print(f"profile: error: {e}", file=sys.stderr)
+        return 2
+    atomic_write(args.out, json.dumps(result, indent=2) + "\n")
+    print(f"profile: wrote {args.out}: {len(result['buckets'])} buckets, {len(names)} compressors", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

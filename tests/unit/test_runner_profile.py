@@ -1,0 +1,37 @@
+"""runners.profile: the testbed.profile/1 format on a small model (single process, world-size-1 gloo group)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runners.profile import profile_model
+
+
+def test_profile_format_and_values():
+    p = profile_model("cnn", 4, ["syncsgd", "powersgd", "topk"], image_size=8, iters=2, bucket_cap_mb=0.001,
+                      options={"powersgd": {"rank": 1}})  # fmt: skip
+    json.dumps(p)  # serialisable
+    assert set(p) == {"schema", "model", "batch_size", "image_size", "seq_len", "device", "torch_version",
+                      "hostname", "bucket_cap_mb", "forward_s", "backward_s", "optimizer_s", "buckets",
+                      "compressors"}  # fmt: skip
+    assert p["schema"] == "testbed.profile/1" and p["image_size"] == 8 and p["seq_len"] is None
+    assert len(p["buckets"]) >= 2 and all(b["grad_bytes"] == 4 * b["numel"] for b in p["buckets"])
+    ready = [b["ready_at_s"] for b in p["buckets"]]
+    assert ready == sorted(ready) and ready[0] >= 0
+    total = sum(b["grad_bytes"] for b in p["buckets"])
+    assert total == 4 * (16 * 3 * 9 + 16 + 32 * 16 * 9 + 32 + 10 * 32 + 10)
+    sync = p["compressors"]["syncsgd"]
+    assert sync["collective"] == "allreduce" and sync["rounds"] == 1
+    assert sum(b["payload_bytes"] for b in sync["buckets"]) == total
+    ps = p["compressors"]["powersgd"]
+    assert ps["options"]["rank"] == 1 and ps["rounds"] == 2
+    assert 0 < sum(b["payload_bytes"] for b in ps["buckets"]) < total
+    assert all(b["encode_s"] > 0 and b["decode_s"] > 0 for b in ps["buckets"])
+    assert p["compressors"]["topk"]["collective"] == "allgather"
+
+
+def test_profile_rejects_bad_options():
+    with pytest.raises(ValueError, match="does not apply to topk"):
+        profile_model("mlp", 4, ["topk"], options={"topk": {"rank": 2}})
