@@ -220,7 +220,8 @@ def kernel_has_netem() -> bool:
     """Probe the running kernel once: can a netem qdisc be created (on lo of a throwaway namespace)?"""
     if "netem" not in _NETEM:
         name = SCRATCH_PREFIX + random_suffix()
-        subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        if root_skip_reason() or subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode:
+            return False  # not root: nothing here can use netem anyway
         try:
             done = subprocess.run(
                 ["tc", "-n", name, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
