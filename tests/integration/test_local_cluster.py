@@ -34,6 +34,14 @@ def root_links() -> set[str]:
     return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
 
 
+def netns_names() -> list[str]:
+    """The entries of /run/netns (cheap enough to poll every millisecond), [] before any namespace exists."""
+    try:
+        return os.listdir("/run/netns")
+    except FileNotFoundError:
+        return []
+
+
 def status(testbed_cli, name: str) -> dict:
     done = testbed_cli("status", "--name", name, "--json")
     assert done.returncode == 0, done.stderr
@@ -181,7 +189,7 @@ def test_down_after_sigkill_mid_up(cli_env, testbed_cli, state_dir):
             prefix = f"tb-{name}-"
             wait_for(
                 lambda proc=proc, prefix=prefix: (
-                    proc.poll() is not None or any(n.startswith(prefix) for n in os.listdir("/run/netns"))
+                    proc.poll() is not None or any(n.startswith(prefix) for n in netns_names())
                 ),
                 30,
                 "the first namespace of the cluster",
