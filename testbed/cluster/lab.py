@@ -84,15 +84,23 @@ if smi:
         gpus = 0
 out["gpus"] = gpus
 out["nvidia_smi"] = bool(smi)
-try:
-    import torch
-    out["torch"] = torch.__version__
-    out["cuda"] = torch.version.cuda
+try:  # versions from package metadata: importing torch costs seconds per host
+    from importlib import metadata, util
+    out["torch"] = metadata.version("torch")
+    spec = util.find_spec("torch")
+    out["cuda"] = None
     try:
-        v = torch.cuda.nccl.version() if torch.cuda.is_available() else None
-        out["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else (str(v) if v else None)
+        text = open(os.path.join(os.path.dirname(spec.origin), "version.py")).read()
+        for line in text.splitlines():
+            if line.startswith("cuda"):
+                out["cuda"] = line.split("=", 1)[1].strip().strip("'\"") or None
     except Exception:
-        out["nccl"] = None
+        pass
+    out["nccl"] = None
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith("nvidia-nccl"):
+            out["nccl"] = dist.version
 except Exception as e:
     out["torch"] = None
     out["torch_error"] = str(e)[:200]

@@ -111,17 +111,14 @@ class LabHosts:
 
     # ------------------------------------------------------------------------------------------- inventory helpers
     def host_vars(self, h: LabTestHost) -> dict:
-        return {
-            "ansible_host": h.mgmt_addr,
-            "ansible_user": "root",
-            "ansible_ssh_private_key_file": str(self.client_key),
-            "ansible_python_interpreter": PYTHON,
-            "testbed_data_iface": h.data_iface,
-            "testbed_data_address": h.data_addr,
-        }
+        return {"ansible_host": h.mgmt_addr, "testbed_data_address": h.data_addr}
 
     def inventory(self, **group_vars) -> dict:
         vars_ = {
+            "ansible_user": "root",
+            "ansible_ssh_private_key_file": str(self.client_key),
+            "ansible_python_interpreter": PYTHON,
+            "testbed_data_iface": "data0",
             "ansible_ssh_common_args": (
                 f"-o UserKnownHostsFile={self.known_hosts} -o StrictHostKeyChecking=yes -o ConnectTimeout=10"
             ),

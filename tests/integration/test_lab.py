@@ -1,0 +1,397 @@
+"""Lab backend end to end against namespaced sshd hosts (tests/integration/labhosts.py): real SSH, real Ansible,
+real qdiscs, iperf3 between hosts. Needs root, sshd, iperf3 and ansible-playbook."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from labhosts import PYTHON, REPO, create_lab_hosts, wait_for
+
+from shaping.plan import LinkShape, ideal_goodput_bps
+from testbed.errors import ClusterError, InputError, ShapingError
+
+ANSIBLE_PLAYBOOK = Path(PYTHON).parent / "ansible-playbook"
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates network namespaces, veths, qdiscs"),
+    pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server (/usr/sbin/sshd)"),
+    pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs iperf3"),
+]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    hosts = create_lab_hosts(tmp_path_factory.mktemp("lab"), n_hosts=3)
+    try:
+        yield hosts
+    finally:
+        problems = hosts.teardown()
+        assert not problems, problems
+
+
+@pytest.fixture
+def cluster(lab):
+    from testbed.cluster.lab import LabCluster
+
+    c = LabCluster.from_inventory(lab.write_inventory())
+    try:
+        yield c
+    finally:
+        c.clear_shaping()
+        c.close()
+
+
+def _playbook(lab, name: str, *extra: str, inventory: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a playbook against h0 and h1 (the iperf3 pair; a third host would only add minutes on 2 cores)."""
+    if not ANSIBLE_PLAYBOOK.exists():
+        pytest.skip("ansible-playbook is not installed in the venv (pip install 'ansible-core<2.21')")
+    argv = [
+        str(ANSIBLE_PLAYBOOK),
+        "-i",
+        str(inventory or lab.write_inventory()),
+        str(REPO / "ansible" / "playbooks" / name),
+    ]
+    return subprocess.run(
+        [*argv, "--limit", "h0,h1", *extra], capture_output=True, text=True, env=lab.ansible_env(), timeout=240
+    )
+
+
+def _tc_qdiscs(lab, h) -> str:
+    return lab.netns_exec(h, "tc", "qdisc", "show").stdout
+
+
+def _iperf(lab, client, server, seconds: float = 2.0) -> float:
+    srv = subprocess.Popen(
+        ["ip", "netns", "exec", server.ns, "iperf3", "-s", "-1", "-B", server.data_addr, "-p", "5299"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: ":5299 " in lab.netns_exec(server, "ss", "-ltnH").stdout or srv.poll() is not None,
+            10,
+            "iperf3 server to listen",
+        )
+        out = lab.netns_exec(
+            client, "iperf3", "-J", "-c", server.data_addr, "-p", "5299", "-t", str(seconds), "-O", "0.5", timeout=60
+        )
+        assert out.returncode == 0, out.stderr or out.stdout
+        return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"]
+    finally:
+        if srv.poll() is None:
+            os.killpg(srv.pid, 9)
+        srv.wait(timeout=10)
+
+
+def test_provision_shape_iperf_teardown_with_ansible(lab):
+    """provision.yml and shape.yml over real SSH; iperf3 h0->h1 holds the rate; shape.yml again is unchanged;
+    teardown.yml leaves no testbed qdisc."""
+    prov = _playbook(lab, "provision.yml")
+    assert prov.returncode == 0, prov.stdout[-3000:] + prov.stderr[-2000:]
+    for h in lab.hosts[:2]:
+        env_file = lab.tmp / "etc" / f"{h.name}-nccl.env"
+        assert "NCCL_SOCKET_IFNAME==data0" in env_file.read_text()
+
+    rate = 200_000_000
+    shape = _playbook(lab, "shape.yml", "-e", "rate=200mbit")
+    assert shape.returncode == 0, shape.stdout[-3000:] + shape.stderr[-2000:]
+    assert "changed=" in shape.stdout and "failed=0" in shape.stdout
+    assert "7e57" not in _tc_qdiscs(lab, lab.hosts[2])  # --limit h0,h1
+    for h in lab.hosts[:2]:
+        q = _tc_qdiscs(lab, h)
+        assert "qdisc htb 7e57: dev data0 root" in q and "qdisc ingress ffff: dev data0" in q
+        assert "qdisc htb 7e57: dev ifb-data0 root" in q
+        assert not [ln for ln in q.splitlines() if "dev mgmt0" in ln and ("7e57" in ln or "ingress" in ln)]
+    achieved = _iperf(lab, lab.hosts[0], lab.hosts[1])
+    ideal = ideal_goodput_bps(rate)
+    assert 0.9 * ideal <= achieved <= 1.05 * rate, f"achieved {achieved / 1e6:.1f} Mbit/s vs ideal {ideal / 1e6:.1f}"
+
+    again = _playbook(lab, "shape.yml", "-e", "rate=200mbit")  # idempotent: nothing changes the second time
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert "changed=0" in again.stdout, again.stdout[-2000:]
+
+    down = _playbook(lab, "teardown.yml")
+    assert down.returncode == 0, down.stdout[-3000:] + down.stderr[-2000:]
+    for h in lab.hosts:
+        q = _tc_qdiscs(lab, h)
+        assert "7e57" not in q and "ingress" not in q, q
+        assert "ifb-data0" not in lab.netns_exec(h, "ip", "link").stdout
+
+
+def test_shape_playbook_refuses_gbps(lab):
+    res = _playbook(lab, "shape.yml", "-e", "rate=9gbps")
+    assert res.returncode != 0
+    assert "ambiguous unit" in res.stdout
+    assert "7e57" not in _tc_qdiscs(lab, lab.hosts[0])
+
+
+def test_lab_check_status_and_shaping_roundtrip(lab, cluster):
+    facts = cluster.check(rate_bps=200_000_000)
+    assert set(facts) == {"h0", "h1", "h2"}
+    assert facts["h0"]["nic_speed_mbps"] == 10000 and facts["h0"]["gpus"] == 0
+    assert [h.address for h in cluster.hosts()] == [h.data_addr for h in lab.hosts]
+
+    applied = cluster.apply_shaping(LinkShape(rate_bps=100_000_000))
+    assert [r["host"] for r in applied] == ["h0", "h1", "h2"] and all(r["changed"] for r in applied)
+    st = cluster.status()
+    assert st["backend"] == "lab"
+    for row in st["hosts"]:
+        assert row["links"]["upload"]["rate_bps"] == 100_000_000 and row["links"]["upload"]["owned"]
+        assert row["links"]["download"]["rate_bps"] == 100_000_000
+        assert row["links"]["download"]["ifname"] == "ifb-data0"
+    # confirmed: no pending record, no timer left to undo it
+    assert all(cluster.shaping(h)["pending"] is None for h in ("h0", "h1", "h2"))
+    assert not cluster.apply_shaping(LinkShape(rate_bps=100_000_000))[0]["changed"]
+    cluster.clear_shaping()
+    for h in lab.hosts:
+        assert "7e57" not in _tc_qdiscs(lab, h)
+
+
+def test_check_fails_clearly(lab):
+    from testbed.cluster.lab import LabCluster
+
+    with pytest.raises(InputError, match=r"host h0: data0 links at 10gbit, slower than the requested 20gbit"):
+        LabCluster.from_inventory(lab.write_inventory("i1.yml")).check(rate_bps=20_000_000_000)
+    with pytest.raises(ClusterError, match=r"testbed_gpus_per_host is 2 but nvidia-smi shows 0 GPUs"):
+        LabCluster.from_inventory(lab.write_inventory("i2.yml", testbed_gpus_per_host=2)).check()
+    assert LabCluster.from_inventory(lab.write_inventory("i3.yml", testbed_gpus_per_host=2), allow_cpu=True).check()
+    with pytest.raises(ClusterError, match=r"no data interface 'eth9' \(testbed_data_iface\); the host has: data0"):
+        LabCluster.from_inventory(lab.write_inventory("i4.yml", testbed_data_iface="eth9")).check()
+    with pytest.raises(ClusterError, match=r"cannot reach root@.*:2222.*(refused|Unable to connect)"):
+        LabCluster.from_inventory(lab.write_inventory("i5.yml", ansible_port=2222)).check()
+
+
+def test_wrong_key_and_unknown_host_key_refused(lab):
+    from testbed.cluster.lab import LabCluster
+
+    other = lab.tmp / "id_other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    with pytest.raises(ClusterError, match="authentication failed for root@"):
+        LabCluster.from_inventory(lab.write_inventory("wrongkey.yml", ansible_ssh_private_key_file=str(other))).check()
+
+    empty = lab.tmp / "known_hosts_empty"
+    empty.write_text("")
+    path = lab.write_inventory("unknown.yml", ansible_ssh_common_args=f"-o UserKnownHostsFile={empty}")
+    with pytest.raises(ClusterError, match=r"host key .* is not in .*known_hosts_empty.*--accept-new-host-keys"):
+        LabCluster.from_inventory(path).check()
+    assert empty.read_text() == ""  # nothing recorded without the opt-in
+    # explicit opt-in: trust on first use records the key, which then verifies on the next connection
+    LabCluster.from_inventory(path, accept_new_host_keys=True).hosts()[0]
+    assert LabCluster.from_inventory(path, accept_new_host_keys=True).run("h0", ["true"]).returncode == 0
+    assert lab.hosts[0].mgmt_addr in empty.read_text()
+    assert LabCluster.from_inventory(path).run("h0", ["true"]).returncode == 0
+
+    # a changed key is refused even with the opt-in
+    forged = lab.tmp / "known_hosts_forged"
+    forged.write_text(
+        f"{lab.hosts[0].mgmt_addr} {open(f'{other}.pub').read().split()[0]} {open(f'{other}.pub').read().split()[1]}\n"
+    )
+    bad = lab.write_inventory("forged.yml", ansible_ssh_common_args=f"-o UserKnownHostsFile={forged}")
+    with pytest.raises(ClusterError, match="host key CHANGED"):
+        LabCluster.from_inventory(bad, accept_new_host_keys=True).run("h0", ["true"])
+
+
+def test_shell_metacharacters_in_inventory_are_literal(lab, tmp_path):
+    from testbed.cluster.lab import LabCluster
+
+    marker = tmp_path / "pwned"
+    evil_iface = f"data0;touch {marker}"
+    evil_dir = f"{REPO}$(touch {marker})"
+    c = LabCluster.from_inventory(lab.write_inventory("evil1.yml", testbed_data_iface=evil_iface))
+    with pytest.raises(ClusterError, match=r"no data interface 'data0;touch"):
+        c.check()
+    with pytest.raises((ShapingError, InputError)):
+        c.apply_shaping(LinkShape(rate_bps=100_000_000))
+    c2 = LabCluster.from_inventory(lab.write_inventory("evil2.yml", testbed_project_dir=evil_dir))
+    with pytest.raises(ClusterError):
+        c2.check()
+    r = c2.run("h0", ["echo", f"`touch {marker}`", f"; touch {marker}", f"' && touch {marker} '"])
+    assert r.returncode != 0  # cd into the literal (nonexistent) directory fails; nothing else ran
+    res = LabCluster.from_inventory(lab.write_inventory("ok.yml")).run("h0", ["echo", f"$(touch {marker})"])
+    assert res.stdout.strip() == f"$(touch {marker})"
+    assert not marker.exists()
+    assert "7e57" not in _tc_qdiscs(lab, lab.hosts[0])
+
+
+def _ssh(lab, h, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The controller's OpenSSH client, as a user would log in (SSH_CONNECTION is set on the host)."""
+    import shlex
+
+    return subprocess.run(
+        [
+            "ssh",
+            "-i",
+            str(lab.client_key),
+            "-o",
+            f"UserKnownHostsFile={lab.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            f"root@{h.mgmt_addr}",
+            f"cd {shlex.quote(str(REPO))} && " + " ".join(shlex.quote(a) for a in argv),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_management_interface_refused(lab):
+    h = lab.hosts[2]
+    res = _ssh(lab, h, PYTHON, "-m", "shaping", "apply", "--dev", "mgmt0", "--bw", "10mbit")
+    assert res.returncode == 2, res.stderr
+    assert "refusing to shape mgmt0: it carries the management connection" in res.stderr
+    assert lab.controller_addr in res.stderr
+    assert "7e57" not in _tc_qdiscs(lab, h)
+    ok = _ssh(lab, h, PYTHON, "-m", "shaping", "apply", "--dev", "data0", "--bw", "10mbit")  # the data NIC is fine
+    assert ok.returncode == 0, ok.stderr
+    assert _ssh(lab, h, PYTHON, "-m", "shaping", "clear", "--dev", "data0").returncode == 0
+
+
+def test_dead_man_timer_restores_when_controller_disappears(lab):
+    """Arm a 2 s timer over SSH, vanish (kill the controller's ssh client), the host restores the previous shaping."""
+    h = lab.hosts[1]
+    base = _ssh(lab, h, PYTHON, "-m", "shaping", "apply", "--dev", "data0", "--bw", "300mbit")
+    assert base.returncode == 0, base.stderr
+    controller = subprocess.Popen(
+        [
+            "ssh",
+            "-i",
+            str(lab.client_key),
+            "-o",
+            f"UserKnownHostsFile={lab.known_hosts}",
+            "-o",
+            "BatchMode=yes",
+            f"root@{h.mgmt_addr}",
+            f"cd {REPO} && {PYTHON} -m shaping apply --dev data0 --bw 20mbit --ingress --confirm-within 2 && sleep 600",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert controller.stdout.readline().startswith("data0: shaped egress+ingress at 20mbit")
+        assert "rate 20Mbit" in lab.netns_exec(h, "tc", "class", "show", "dev", "data0").stdout
+    finally:
+        os.killpg(controller.pid, 9)  # the controller disappears without confirming
+        controller.wait(timeout=10)
+    t0 = time.monotonic()
+    wait_for(
+        lambda: "rate 300Mbit" in lab.netns_exec(h, "tc", "class", "show", "dev", "data0").stdout,
+        20,
+        "the timer to restore 300mbit on data0",
+    )
+    assert time.monotonic() - t0 < 15
+    assert "ifb-data0" not in lab.netns_exec(h, "ip", "link").stdout  # ingress redirect (new in the change) removed
+    late = _ssh(lab, h, PYTHON, "-m", "shaping", "confirm", "--dev", "data0")
+    assert late.returncode == 1 and "too late" in late.stderr
+    assert _ssh(lab, h, PYTHON, "-m", "shaping", "clear", "--dev", "data0").returncode == 0
+
+
+def test_start_and_kill_group_two_hosts(lab, cluster, tmp_path):
+    procs = []
+    for name in ("h0", "h1"):
+        procs.append(
+            cluster.start(
+                name,
+                ["sh", "-c", "sleep 300 & sleep 300 & echo started $RANKX; wait"],
+                env={"RANKX": name},
+                log_path=tmp_path / f"{name}.log",
+            )
+        )
+    for p in procs:
+        assert p.poll() is None
+        wait_for(lambda p=p: len(_group_members(lab, p.pgid)) >= 3, 10, "the group's children to start")
+    for p in procs:
+        p.kill_group()
+        assert p.poll() is not None and p.poll() < 0
+        assert _group_members(lab, p.pgid) == []
+        assert "started h" in p.log_path.read_text()
+    done = cluster.start(
+        "h2", ["python", "-c", "import sys; print('hi'); sys.exit(3)"], env={}, log_path=tmp_path / "h2.log"
+    )
+    assert done.wait(timeout_s=30) == 3
+    assert (tmp_path / "h2.log").read_text().strip() == "hi"
+
+
+def _group_members(lab, pgid: int) -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid=,pgid="], capture_output=True, text=True).stdout
+    return [int(a) for a, b in (ln.split() for ln in out.splitlines()) if int(b) == pgid]
+
+
+def test_down_kills_groups_started_by_another_controller(lab, tmp_path):
+    from testbed.cluster.lab import LabCluster
+
+    inv = lab.write_inventory("down.yml")
+    first = LabCluster.from_inventory(inv)
+    p = first.start("h1", ["sleep", "300"], env={}, log_path=tmp_path / "s.log")
+    first.apply_shaping(LinkShape(rate_bps=50_000_000), hosts=[first.host("h1")])
+    first.close()  # this controller goes away; a new one (testbed down) must still end the rank and clear shaping
+    LabCluster.from_inventory(inv).down()
+    wait_for(lambda: not _group_members(lab, p.pgid), 10, "the rank group to end")
+    assert "7e57" not in _tc_qdiscs(lab, lab.hosts[1])
+
+
+@pytest.mark.skipif(not (REPO / "runners" / "train.py").exists(), reason="runners/train.py not present")
+def test_short_training_through_lab_backend(lab, cluster, tmp_path):
+    """Two ranks on two lab hosts, gloo over the data NICs, `python -m runners.train --model mlp`."""
+    from testbed.cluster.lab import LabCluster
+
+    c = LabCluster.from_inventory(lab.write_inventory("train.yml"))
+    hosts = c.hosts()[:2]
+    out = tmp_path / "out"
+    procs = []
+    for rank, h in enumerate(hosts):
+        env = {
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": hosts[0].address,
+            "MASTER_PORT": "29533",
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            c.start(
+                h,
+                [
+                    sys.executable,
+                    "-m",
+                    "runners.train",
+                    "--model",
+                    "mlp",
+                    "--iters",
+                    "3",
+                    "--warmup-iters",
+                    "1",
+                    "--batch-size",
+                    "8",
+                    "--iface",
+                    "data0",
+                    "--backend",
+                    "gloo",
+                    "--threads",
+                    "1",
+                    "--out",
+                    str(out / h.name),
+                ],
+                env=env,
+                log_path=tmp_path / f"rank{rank}.log",
+            )
+        )
+    try:
+        rcs = [p.wait(timeout_s=150) for p in procs]
+    finally:
+        c.kill_started()
+    assert rcs == [0, 0], [p.log_path.read_text()[-1500:] if p.log_path.exists() else "" for p in procs]
+    assert any((out / hosts[0].name).iterdir())
