@@ -173,7 +173,10 @@ def load_inventory(path: str | Path) -> list[LabHostSpec]:
     except FileNotFoundError:
         raise InputError(f"--inventory {path}: no such file") from None
     except yaml.YAMLError as e:
-        raise InputError(f"--inventory {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise InputError(
+            f"--inventory {path}: not valid YAML ({str(e).splitlines()[0]}); the lab backend reads YAML inventories "
+            f"(convert an INI one: ansible-inventory -i {path} -y --list > inventory.yml)"
+        ) from None
     if not isinstance(data, dict) or not data:
         raise InputError(f"--inventory {path}: expected a YAML Ansible inventory (all: hosts: ...)")
     raw: dict[str, dict] = {}

@@ -1,0 +1,84 @@
+"""Remote command building: every word reaches the remote program literally (no shell injection)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from testbed.cluster.lab import kill_group_script
+from testbed.cluster.ssh import command_line, detached_command_line
+from testbed.errors import InputError, LaunchError
+
+NASTY = [
+    "data0;touch /tmp/pwned",
+    "$(touch /tmp/pwned)",
+    "`touch /tmp/pwned`",
+    "a b\tc\nd",
+    "it's",
+    '"dq"',
+    "*",
+    "--flag=~root",
+    "&& exit 7 ||",
+    "",
+]
+
+
+def _sh(line: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=10)
+
+
+def test_command_line_passes_every_word_literally(tmp_path):
+    line = command_line(["printf", "%s\\n", *NASTY], cwd=str(tmp_path))
+    res = _sh(line)
+    assert res.returncode == 0
+    assert res.stdout.split("\n")[:-1] == [w for w in NASTY for w in w.split("\n")]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_env_values_are_literal_and_names_validated(tmp_path):
+    marker = tmp_path / "pwned"
+    line = command_line(["sh", "-c", 'printf "%s" "$X"'], env={"X": f"$(touch {marker}); `id`"})
+    assert _sh(line).stdout == f"$(touch {marker}); `id`"
+    assert not marker.exists()
+    with pytest.raises(InputError, match="environment variable name"):
+        command_line(["true"], env={"X;touch /tmp/x": "1"})
+    with pytest.raises(InputError, match="empty command"):
+        command_line([])
+
+
+def test_cwd_with_metacharacters_is_one_directory(tmp_path):
+    marker = tmp_path / "pwned"
+    res = _sh(command_line(["true"], cwd=f"/nonexistent;touch {marker}"))
+    assert res.returncode != 0 and not marker.exists()
+
+
+def test_detached_command_writes_pid_rc_and_log(tmp_path):
+    log, pid, rc = tmp_path / "logs" / "r.log", tmp_path / "p" / "r.pid", tmp_path / "p" / "r.rc"
+    line = detached_command_line(
+        ["sh", "-c", 'echo "out $A"; exit 5'],
+        env={"A": "x;y"},
+        cwd=str(tmp_path),
+        log_path=log,
+        pid_path=pid,
+        rc_path=rc,
+        marker="TESTBED_LAB_TOKEN=t1",
+    )
+    assert _sh(line).returncode == 0
+    import time
+
+    deadline = time.monotonic() + 10
+    while not (rc.exists() and rc.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert rc.read_text().strip() == "5"
+    assert log.read_text() == "out x;y\n"
+    assert int(pid.read_text()) > 1
+
+
+def test_kill_group_script_refuses_bad_groups():
+    for bad in (0, 1, -5, "12; rm -rf /"):
+        with pytest.raises(LaunchError):
+            kill_group_script(bad, "tok", 1.0)
+    script = kill_group_script(4242, "h0-abc", 1.0)
+    assert "kill -TERM -- -4242" in script and "TESTBED_LAB_TOKEN=h0-abc" in script
+    assert script.startswith("grep -qz")  # checks the token before signalling anything
