@@ -147,6 +147,8 @@ def run_trial(
     (out_dir / "logs").mkdir(parents=True)
     used = hosts[: trial.world_size]
     configured = cluster.recorded_shape()
+    # where the ranks write: the results directory itself on emulated hosts, a per-trial folder on lab hosts
+    rank_out = cluster.rank_out_dir(out_dir, trial.trial_id)
     procs = []
     try:
         say("shaping")
@@ -168,12 +170,12 @@ def run_trial(
             env = rank_env(trial, rank, used[0].address, port, threads)
             if not threads:
                 env.pop("OMP_NUM_THREADS"), env.pop("MKL_NUM_THREADS")
-            argv = runner_argv(trial, out_dir, host.data_iface, collective_timeout_s, threads)
+            argv = runner_argv(trial, rank_out, host.data_iface, collective_timeout_s, threads)
             procs.append(cluster.start(host, argv, env=env, log_path=out_dir / "logs" / f"rank{rank}.log"))
         say("training")
         _watch(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
-        for host in used[1:]:
-            cluster.fetch(host, out_dir, out_dir)
+        for host in used:
+            cluster.fetch(host, rank_out, out_dir)
         row.update(metrics_from_summary(out_dir / "summary.json"))
         row["status"] = "ok"
     except TrialFailed as e:

@@ -60,6 +60,14 @@ class Cluster(abc.ABC):
     def fetch(self, host: Host, remote_dir: Path, local_dir: Path) -> None:
         """Copy a directory of results written on a host to this machine (a no-op when it is the same path)."""
 
+    def rank_out_dir(self, local_dir: Path, trial_id: str) -> Path:
+        """Where ranks write a trial's records on the hosts; `fetch` brings them to `local_dir`."""
+        return local_dir
+
+    def recorded_shape(self):
+        """The shaping the cluster was brought up with (a LinkShape), or None: restored after each trial."""
+        return None
+
     @abc.abstractmethod
     def status(self) -> dict[str, Any]:
         """JSON-ready description: backend, hosts (name, address, data_iface, netns), shaping per link."""

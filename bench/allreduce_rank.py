@@ -1,0 +1,37 @@
+"""One rank of the gloo all-reduce bus-bandwidth benchmark (started by bench/end_to_end.py, one per host).
+
+Prints one JSON line from rank 0: size, repetitions, mean seconds per all-reduce, algbw and busbw in bit/s
+(busbw = algbw x 2(n-1)/n, the nccl-tests convention).
+"""
+
+import argparse
+import json
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+p = argparse.ArgumentParser()
+p.add_argument("--bytes", type=int, default=64 * 2**20)
+p.add_argument("--reps", type=int, default=3)
+p.add_argument("--iface", default="eth0")
+args = p.parse_args()
+os.environ["GLOO_SOCKET_IFNAME"] = args.iface
+dist.init_process_group("gloo", timeout=timedelta(seconds=300))
+n = dist.get_world_size()
+x = torch.ones(args.bytes // 4, dtype=torch.float32)
+dist.all_reduce(x)  # warm-up: connections established
+times = []
+for _ in range(args.reps):
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(x)
+    times.append(time.perf_counter() - t0)
+if dist.get_rank() == 0:
+    mean_s = sum(times) / len(times)
+    algbw = args.bytes * 8 / mean_s
+    print(json.dumps({"bytes": args.bytes, "reps": args.reps, "world_size": n, "mean_s": mean_s,
+                      "algbw_bps": algbw, "busbw_bps": algbw * 2 * (n - 1) / n}), flush=True)
+dist.destroy_process_group()
