@@ -16,12 +16,20 @@ from testbed.config import Trial, expand, load_sweep_toml, parse_list, parse_rat
 from testbed.errors import InputError
 from testbed.results import ResultsStore
 
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "1", "yes"):
+        return True
+    if text.lower() in ("off", "false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: expected on or off")
+
+
 OPTION_FLAGS = {  # compressor option -> (flag, type)
     "rank": ("--rank", int),
     "start_iter": ("--start-iter", int),
     "min_compression_rate": ("--min-compression-rate", float),
     "ratio": ("--ratio", float),
-    "error_feedback": ("--error-feedback", int),
+    "error_feedback": ("--error-feedback", _on_off),
 }
 
 
