@@ -384,6 +384,7 @@ class LabCluster(Cluster):
         self._hosts: list[Host] | None = None
         self._started: list[LabRankProcess] = []
         self.facts: dict[str, dict[str, Any]] = {}
+        self.record: dict[str, Any] | None = None  # the registry record this cluster was opened from
 
     # -------------------------------------------------------------------------------------------------- building
     @classmethod
@@ -412,13 +413,16 @@ class LabCluster(Cluster):
             "inventory": str(self.inventory_path) if self.inventory_path else None,
             "allow_cpu": self.allow_cpu,
             "hosts": [{"name": h, "ssh": s.ssh.where, "data_iface": s.data_iface} for h, s in self.specs.items()],
+            "shape": (self.record or {}).get("shape"),
         }
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> LabCluster:
         if not record.get("inventory"):
             raise InputError(f"lab cluster {record.get('name')!r} was recorded without an inventory path")
-        return cls.from_inventory(record["inventory"], name=record["name"], allow_cpu=bool(record.get("allow_cpu")))
+        cluster = cls.from_inventory(record["inventory"], name=record["name"], allow_cpu=bool(record.get("allow_cpu")))
+        cluster.record = dict(record)
+        return cluster
 
     def __enter__(self) -> LabCluster:
         return self
@@ -553,13 +557,33 @@ class LabCluster(Cluster):
                 pass
 
     def fetch(self, host: Host | str, remote_dir: Path, local_dir: Path) -> None:
+        """Copy a directory written on the host (e.g. `rank_out_dir`) here over SFTP; a no-op for the same path."""
         spec = self._spec(host)
-        if Path(remote_dir).resolve() == Path(local_dir).resolve() and self._same_filesystem(spec):
+        if str(PurePosixPath(remote_dir)) == str(Path(local_dir).resolve()):
             return
         self._conn(spec.name).get_tree(str(remote_dir), Path(local_dir))
 
-    def _same_filesystem(self, spec: LabHostSpec) -> bool:
-        return False  # a lab host is another machine; copying onto the same path is harmless anyway
+    def rank_out_dir(self, out_dir: Path, trial_id: str) -> PurePosixPath:
+        """Where ranks write their records on the hosts (fetched into `out_dir` afterwards)."""
+        first = next(iter(self.specs.values()))
+        return self._remote_dir(first) / "trials" / trial_id
+
+    def links(self, hosts: list[Host] | None = None) -> list[tuple[Host, str, str | None, str]]:
+        """(host, direction, netns, ifname): upload is the data NIC's egress, download the egress of its ifb."""
+        from shaping.ingress import ifb_name
+
+        out = []
+        for h in hosts or self.hosts():
+            out.append((h, "upload", None, h.data_iface))
+            out.append((h, "download", None, ifb_name(h.data_iface)))
+        return out
+
+    def recorded_shape(self) -> LinkShape | None:
+        """The shaping `testbed up --bw` put on the whole cluster (restored after each trial), if any."""
+        s = (self.record or {}).get("shape")
+        if not s:
+            return None
+        return LinkShape(s["rate_bps"], s["burst_bytes"], s["qdisc"], s["delay_s"], s["jitter_s"], s["loss_pct"])
 
     # ------------------------------------------------------------------------------------------------- checks
     def probe(self, name: str) -> dict[str, Any]:
@@ -772,6 +796,7 @@ class LabCluster(Cluster):
             "name": self.name,
             "backend": self.backend,
             "inventory": str(self.inventory_path) if self.inventory_path else None,
+            "shape": (self.record or {}).get("shape"),
             "hosts": hosts,
         }
 
