@@ -395,3 +395,32 @@ def test_short_training_through_lab_backend(lab, cluster, tmp_path):
         c.kill_started()
     assert rcs == [0, 0], [p.log_path.read_text()[-1500:] if p.log_path.exists() else "" for p in procs]
     assert any((out / hosts[0].name).iterdir())
+
+
+def test_cli_up_status_down_with_inventory(lab, tmp_path):
+    """`testbed up --inventory` (no provision), `status --json`, `exec`, `down`, through the real CLI."""
+    env = {**os.environ, "TESTBED_STATE_DIR": str(tmp_path / "state")}
+    name = f"tbl{lab.suffix}"
+    inv = lab.write_inventory("cli.yml")
+
+    def cli(*argv):
+        return subprocess.run(
+            [sys.executable, "-m", "testbed.cli", *argv], capture_output=True, text=True, env=env, cwd=REPO, timeout=120
+        )
+
+    up = cli("up", "--name", name, "--inventory", str(inv), "--no-provision", "--bw", "100mbit")
+    assert up.returncode == 0, up.stderr + up.stdout
+    st = cli("status", "--name", name, "--json")
+    assert st.returncode == 0, st.stderr
+    data = json.loads(st.stdout)
+    assert data["backend"] == "lab" and [h["name"] for h in data["hosts"]] == ["h0", "h1", "h2"]
+    assert all(h["links"]["upload"]["rate_bps"] == 100_000_000 for h in data["hosts"])
+    ex = cli("exec", "--name", name, "h1", "--", "cat", "/sys/class/net/data0/address")
+    assert ex.returncode == 0 and ex.stdout.strip().count(":") == 5, ex.stderr
+    bad = cli("up", "--name", name + "x", "--inventory", str(inv), "--no-provision", "--bw", "20gbit")
+    assert bad.returncode == 2 and "slower than the requested 20gbit" in bad.stderr
+    assert bad.stderr.count("\n") == 1
+    down = cli("down", "--name", name)
+    assert down.returncode == 0, down.stderr
+    for h in lab.hosts:
+        assert "7e57" not in _tc_qdiscs(lab, h)
