@@ -398,7 +398,7 @@ def test_short_training_through_lab_backend(lab, cluster, tmp_path):
 
 
 def test_cli_up_status_down_with_inventory(lab, tmp_path):
-    """`testbed up --inventory` (no provision), `status --json`, `exec`, `down`, through the real CLI."""
+    """`testbed up --inventory` (no provision), `status --json`, `exec`, `run` (launcher over SSH), `down`."""
     env = {**os.environ, "TESTBED_STATE_DIR": str(tmp_path / "state")}
     name = f"tbl{lab.suffix}"
     inv = lab.write_inventory("cli.yml")
@@ -417,6 +417,32 @@ def test_cli_up_status_down_with_inventory(lab, tmp_path):
     assert all(h["links"]["upload"]["rate_bps"] == 100_000_000 for h in data["hosts"])
     ex = cli("exec", "--name", name, "h1", "--", "cat", "/sys/class/net/data0/address")
     assert ex.returncode == 0 and ex.stdout.strip().count(":") == 5, ex.stderr
+    if (REPO / "testbed" / "launch.py").exists() and (REPO / "runners" / "train.py").exists():
+        run = cli(
+            "run",
+            "--name",
+            name,
+            "--model",
+            "mlp",
+            "--iters",
+            "3",
+            "--warmup-iters",
+            "1",
+            "--batch-size",
+            "8",
+            "--bw",
+            "200mbit",
+            "--world-size",
+            "2",
+            "--out",
+            str(tmp_path / "results"),
+            "--timeout",
+            "200",
+        )
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        assert "200mbit / " in run.stdout  # requested / measured goodput of the trial's probe
+        shown = json.loads(cli("status", "--name", name, "--json").stdout)
+        assert all(h["links"]["upload"]["rate_bps"] == 100_000_000 for h in shown["hosts"])  # up's shape is back
     bad = cli("up", "--name", name + "x", "--inventory", str(inv), "--no-provision", "--bw", "20gbit")
     assert bad.returncode == 2 and "slower than the requested 20gbit" in bad.stderr
     assert bad.stderr.count("\n") == 1
