@@ -37,8 +37,8 @@ def profile_model(
     batch_size: int,
     compressors: list[str],
     *,
-    image_size: int = 64,
-    seq_len: int = 128,
+    image_size: int | None = 64,
+    seq_len: int | None = 128,
     iters: int = 5,
     bucket_cap_mb: float = 25,
     options: dict[str, dict] | None = None,
@@ -46,6 +46,8 @@ def profile_model(
 ) -> dict:
     """Profile ``model`` and each compressor in ``compressors``. See the module docstring for the format."""
     names = list(compressors)
+    image_size = 64 if image_size is None else image_size  # None: the model's default input size
+    seq_len = 128 if seq_len is None else seq_len
     return _profile(model, batch_size, list(names), image_size, seq_len, iters, bucket_cap_mb, options or {}, device)
 
 
