@@ -269,7 +269,16 @@ class LocalCluster(Cluster):
             for ns, ifname in applied:  # put back what each link had before this call
                 before = previous[(ns, ifname)]
                 if before["owned"] and before["rate_bps"]:
-                    tc.apply(ifname, LinkShape(before["rate_bps"], before["burst_bytes"], before["qdisc"]), netns=ns)
+                    netem = before.get("netem") or {}  # keep a previous delay/loss too, not only the rate
+                    restore = LinkShape(
+                        before["rate_bps"],
+                        before["burst_bytes"],
+                        before["qdisc"],
+                        netem.get("delay_s", 0.0),
+                        netem.get("jitter_s", 0.0),
+                        netem.get("loss_pct", 0.0),
+                    )
+                    tc.apply(ifname, restore, netns=ns)
                 else:
                     tc.clear(ifname, netns=ns)
             raise
