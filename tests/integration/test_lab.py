@@ -450,3 +450,20 @@ def test_cli_up_status_down_with_inventory(lab, tmp_path):
     assert down.returncode == 0, down.stderr
     for h in lab.hosts:
         assert "7e57" not in _tc_qdiscs(lab, h)
+
+
+def test_failed_host_rolls_back_the_others(lab):
+    """h0 and h1 get shaped, h2 fails (no such NIC): h0 and h1 are restored to what they had, at once."""
+    from testbed.cluster.lab import LabCluster
+
+    inv = lab.inventory()
+    inv["all"]["children"]["testbed"]["hosts"]["h2"]["testbed_data_iface"] = "nope0"
+    c = LabCluster.from_inventory(lab.write_inventory("partial.yml", inventory=inv))
+    c.apply_shaping(LinkShape(rate_bps=300_000_000), hosts=[c.host("h0")])  # h0 had 300mbit before
+    with pytest.raises(InputError, match="host h2: no interface 'nope0'"):
+        c.apply_shaping(LinkShape(rate_bps=50_000_000))
+    assert "rate 300Mbit" in lab.netns_exec(lab.hosts[0], "tc", "class", "show", "dev", "data0").stdout
+    assert "7e57" not in _tc_qdiscs(lab, lab.hosts[1])
+    assert "rate 300Mbit" in lab.netns_exec(lab.hosts[0], "tc", "class", "show", "dev", "ifb-data0").stdout
+    assert c.shaping("h0")["pending"] is None  # rolled back now, not left to the timer
+    c.clear_shaping([c.host("h0"), c.host("h1")])
