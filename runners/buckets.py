@@ -79,7 +79,7 @@ def serial_reduce(state, hook, recorder: BucketRecorder, use_views: bool) -> Non
     then the results written back into the gradients."""
     pairs = flat_buckets(recorder, use_views)
     futures = [hook(state, fb) for fb, _ in pairs]
-    for (fb, info), fut in zip(pairs, futures, strict=True):
+    for (_fb, info), fut in zip(pairs, futures, strict=True):
         result = fut.wait()
         if isinstance(result, list):
             result = result[0]

@@ -9,8 +9,8 @@ tests; the ResNets and BERT get random labels (the runner measures speed, not ac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn

@@ -29,7 +29,6 @@ import platform
 import socket
 import statistics
 import sys
-import time
 from datetime import timedelta
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

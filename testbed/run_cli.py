@@ -16,6 +16,7 @@ from testbed.config import Trial, expand, load_sweep_toml, parse_list, parse_rat
 from testbed.errors import InputError
 from testbed.results import ResultsStore
 
+
 def _on_off(text: str) -> bool:
     if text.lower() in ("on", "true", "1", "yes"):
         return True
