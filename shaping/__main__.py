@@ -141,7 +141,7 @@ def management_interfaces(extra_addresses: list[str] = (), netns: str | None = N
     addresses += [(a, "SSH session from") for a in _sshd_peer_addresses() if a not in ssh_client_addresses()]
     addresses += [(a, "--mgmt-addr") for a in extra_addresses]
     out: dict[str, str] = {}
-    with IPRoute(netns=netns) if netns else IPRoute() as ipr:
+    with IPRoute(netns=netns, flags=0) if netns else IPRoute() as ipr:
         names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
         links = {link["index"]: link for link in ipr.get_links()}
         for addr, why in addresses:

@@ -45,7 +45,7 @@ def _ipr(netns: str | None) -> Iterator[IPRoute]:
     if netns and not os.path.exists(f"/run/netns/{netns}"):  # pyroute2 would silently create it
         raise InputError(f"network namespace {netns!r} does not exist")
     try:
-        ipr = IPRoute(netns=netns) if netns else IPRoute()
+        ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
     except PermissionError:
         raise PermissionDenied("ingress shaping needs root or CAP_NET_ADMIN") from None
     except OSError as e:

@@ -14,7 +14,6 @@ from testbed.cli import add_json, add_name, console, print_json
 from testbed.cluster import registry
 from testbed.config import Trial, expand, load_sweep_toml, parse_list, parse_rates
 from testbed.errors import InputError
-from testbed.results import ResultsStore
 
 
 def _on_off(text: str) -> bool:
@@ -92,6 +91,7 @@ def _cluster_for(args: argparse.Namespace, world_size: int):
 # ---------------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.launch import run_trial, stop_on_ctrl_c
+    from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
 
     if not args.bw:
         raise InputError("run needs --bw RATE (e.g. 500mbit), or --bw none for an unshaped run")
@@ -167,6 +167,7 @@ def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any
 # ---------------------------------------------------------------------------------------------------- sweep
 def cmd_sweep(args: argparse.Namespace) -> int:
     from testbed.launch import STOP, run_trial, stop_on_ctrl_c
+    from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
 
     store = ResultsStore(args.out)
     if args.config:
@@ -227,6 +228,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------------- results
 def cmd_results(args: argparse.Namespace) -> int:
+    from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
+
     store = ResultsStore(args.path)
     df = store.load()
     if args.csv:
