@@ -205,8 +205,12 @@ def run(args, env, options, backend, state, hook) -> int:
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
                             timeout=timedelta(seconds=args.timeout_s))  # fmt: skip
     try:
-        return _train(args, env, options, backend, state, hook, device, psutil, torch, dist, DDP, compressors,
+        code = _train(args, env, options, backend, state, hook, device, psutil, torch, dist, DDP, compressors,
                       BucketRecorder, serial_reduce, build, Clock)  # fmt: skip
+        # Leave together: a gloo rank that tears its pairs down while a peer still talks to it can abort
+        # ("terminate called without an active exception", seen with mstopk on 2 ranks).
+        dist.barrier()
+        return code
     finally:
         dist.destroy_process_group()
 
