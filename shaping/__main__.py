@@ -28,8 +28,8 @@ import sys
 from typing import Any
 
 from shaping import commit_confirm, ingress, tc
-from shaping.plan import LinkShape, render_tc
-from shaping.units import format_rate, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_s
+from shaping.plan import LinkShape, render_tc, shape_from_flags
+from shaping.units import format_rate
 from testbed.errors import InputError, ShapingError, TestbedError
 
 BURST_TOLERANCE = 0.02  # burst read back from ticks rounds; within 2% it is the same plan
@@ -83,14 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _shape(args: argparse.Namespace) -> LinkShape:
-    return LinkShape(
-        rate_bps=parse_rate_bps(args.bw, "--bw"),
-        burst_bytes=parse_size_bytes(args.burst, "--burst") if args.burst else None,
-        qdisc=args.qdisc,
-        delay_s=parse_time_s(args.delay, "--delay") if args.delay else 0.0,
-        jitter_s=parse_time_s(args.jitter, "--jitter") if args.jitter else 0.0,
-        loss_pct=parse_percent(args.loss, "--loss") if args.loss else 0.0,
-    )
+    return shape_from_flags(args.bw, args.burst, args.qdisc, args.delay, args.jitter, args.loss)
 
 
 # ---------------------------------------------------------------------------------------------- lockout protection

@@ -101,6 +101,23 @@ class LinkShape:
         }
 
 
+def shape_from_flags(
+    bw: str, burst: str | None = None, qdisc: str = "htb", delay: str | None = None, jitter: str | None = None,
+    loss: str | None = None,
+) -> LinkShape:
+    """The LinkShape that the shaping flags (`--bw --burst --qdisc --delay --jitter --loss`) ask for."""
+    from shaping.units import parse_percent, parse_rate_bps, parse_size_bytes, parse_time_s
+
+    return LinkShape(
+        rate_bps=parse_rate_bps(bw, "--bw"),
+        burst_bytes=parse_size_bytes(burst, "--burst") if burst else None,
+        qdisc=qdisc,
+        delay_s=parse_time_s(delay, "--delay") if delay else 0.0,
+        jitter_s=parse_time_s(jitter, "--jitter") if jitter else 0.0,
+        loss_pct=parse_percent(loss, "--loss") if loss else 0.0,
+    )
+
+
 def _handle(h: int) -> str:
     major, minor = h >> 16, h & 0xFFFF
     return f"{major:x}:" if minor == 0 else f"{major:x}:{minor:x}"

@@ -16,8 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from shaping.plan import LinkShape, render_clear, render_tc
-from shaping.units import format_rate, format_size, parse_percent, parse_rate_bps, parse_size_bytes, parse_time_s
+from shaping.plan import LinkShape, render_clear, render_tc, shape_from_flags
+from shaping.units import format_rate, format_size
 from testbed.cluster import registry
 from testbed.errors import InputError, TestbedError
 
@@ -63,14 +63,7 @@ def shape_from_args(args: argparse.Namespace) -> LinkShape | None:
             if getattr(args, flag, None):
                 raise InputError(f"--{flag} needs --bw: shaping starts from a rate")
         return None
-    return LinkShape(
-        rate_bps=parse_rate_bps(args.bw, "--bw"),
-        burst_bytes=parse_size_bytes(args.burst, "--burst") if args.burst else None,
-        qdisc=args.qdisc,
-        delay_s=parse_time_s(args.delay, "--delay") if args.delay else 0.0,
-        jitter_s=parse_time_s(args.jitter, "--jitter") if args.jitter else 0.0,
-        loss_pct=parse_percent(args.loss, "--loss") if args.loss else 0.0,
-    )
+    return shape_from_flags(args.bw, args.burst, args.qdisc, args.delay, args.jitter, args.loss)
 
 
 def print_json(data: Any) -> None:
