@@ -114,6 +114,13 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--iters", type=int, default=10, help="timed iterations (default: 10)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket cap (default: 25)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to measure (default: cpu)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads to measure with; use what each rank gets in a trial (cores / ranks per machine; "
+        "local trials give each rank cores // world size). Default: torch's default (all cores)",
+    )
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory for the JSON (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
     p.set_defaults(func=cmd_profile)
@@ -230,8 +237,12 @@ def profile_table(profile: pm.Profile) -> Table:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    if args.batch_size < 1 or args.iters < 1:
-        raise InputError("--batch-size and --iters must be >= 1")
+    if args.batch_size < 1 or args.iters < 1 or args.threads < 0:
+        raise InputError("--batch-size and --iters must be >= 1, --threads >= 0")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)  # measure compute as a rank of a trial runs it
     profile = _measure(
         args.model,
         args.batch_size,
