@@ -7,6 +7,7 @@ rolling back. `--debug` shows the traceback. Read commands take `--json`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -262,7 +263,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     shape = cluster.recorded_shape() if hasattr(cluster, "recorded_shape") else None
     requested = shape.rate_bps if shape else None
     results = []
-    with console.status("probing with iperf3...") if not args.json else _null():
+    with console.status("probing with iperf3...") if not args.json else contextlib.nullcontext():
         for src, dst in pairs:
             for s in streams:
                 results.append(
@@ -299,14 +300,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
             )
         console.print(table)
     return 1 if bad else 0
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _int_list(text: str, flag: str) -> list[int]:

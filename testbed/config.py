@@ -34,13 +34,13 @@ def check_compressor(name: str, options: dict[str, Any]) -> None:
     from runners import compressors
 
     try:
-        compressors.options_of(name)
-        for key in options:
-            if key not in compressors.options_of(name):
-                accepted = ", ".join(f"--{o.replace('_', '-')}" for o in compressors.options_of(name)) or "no options"
-                raise InputError(f"--{key.replace('_', '-')} does not apply to {name}; {name} accepts {accepted}")
+        accepted = compressors.options_of(name)
     except ValueError as e:
         raise InputError(str(e)) from None
+    for key in options:
+        if key not in accepted:
+            flags = ", ".join(f"--{o.replace('_', '-')}" for o in accepted) or "no options"
+            raise InputError(f"--{key.replace('_', '-')} does not apply to {name}; {name} accepts {flags}")
 
 
 @dataclasses.dataclass(frozen=True)

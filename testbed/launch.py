@@ -106,10 +106,10 @@ def rank_env(trial: Trial, rank: int, master_addr: str, master_port: int, thread
         GROUP_RANK=str(rank),
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
-        OMP_NUM_THREADS=str(threads),
-        MKL_NUM_THREADS=str(threads),
         PYTHONUNBUFFERED="1",
     )
+    if threads:  # local hosts share this machine's cores; lab hosts keep their own defaults
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
 
 
@@ -168,8 +168,6 @@ def run_trial(
         collective_timeout_s = max(30.0, min(timeout_s, 300.0))
         for rank, host in enumerate(used):
             env = rank_env(trial, rank, used[0].address, port, threads)
-            if not threads:
-                env.pop("OMP_NUM_THREADS"), env.pop("MKL_NUM_THREADS")
             argv = runner_argv(trial, rank_out, host.data_iface, collective_timeout_s, threads)
             procs.append(cluster.start(host, argv, env=env, log_path=out_dir / "logs" / f"rank{rank}.log"))
         say("training")

@@ -59,8 +59,6 @@ def attach(ddp_model, state: CompressorState, hook) -> None:
     """Register the hook on a DDP model; for syncsgd in builtin mode register nothing (DDP's C++ all-reduce) and
     record the dense gradient bytes for the payload accounting."""
     if getattr(state, "builtin", False):
-        state.dense_bytes = sum(
-            p.numel() * p.element_size() for p in ddp_model.module.parameters() if p.requires_grad
-        )
+        state.dense_bytes = sum(p.numel() * p.element_size() for p in ddp_model.module.parameters() if p.requires_grad)
         return
     ddp_model.register_comm_hook(state, hook)

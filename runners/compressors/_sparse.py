@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from runners.compressors.base import CompressorState, allgather_wait, allreduce_mean_async, completed_future
+from runners.compressors.base import CompressorState, allgather_wait, completed_future, start_error_feedback_hook
 
 
 class SparseState(CompressorState):
@@ -35,12 +35,9 @@ def sparse_hook(state: SparseState, bucket) -> torch.futures.Future:
     5. decode: scatter-add every rank's values, divide by n."""
     buf = bucket.buffer()
     index = bucket.index()
-    _, changed = state.layout(bucket)
-    if changed:
-        state.error.pop(index, None)
-    if state.error_feedback and state.iter < state.warmup_iters:
-        state.maybe_increase_iter(bucket)
-        return allreduce_mean_async(state, bucket)
+    _, warmup = start_error_feedback_hook(state, bucket)
+    if warmup is not None:
+        return warmup
     stats = state.stats
     stats.bind(buf.device)
     d = buf.numel()

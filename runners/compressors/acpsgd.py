@@ -29,7 +29,7 @@ from runners.compressors.base import (
     orthogonalize_,
     seeded_normal,
 )
-from runners.compressors.powersgd import should_compress
+from runners.compressors.powersgd import low_rank_plan
 
 
 class ACPSGDState(CompressorState):
@@ -82,16 +82,7 @@ class ACPSGDState(CompressorState):
         return self.start_iter
 
     def plan(self, layout):
-        mats, vecs = layout.split()
-        comp = []
-        for off, n, m in mats:
-            r = min(self.rank, n, m)
-            if should_compress(n, m, r, self.min_compression_rate):
-                comp.append((off, n, m, r))
-            else:
-                vecs.append((off, n * m))
-        vecs.sort()
-        return comp, vecs
+        return low_rank_plan(layout, self.rank, self.min_compression_rate)
 
     def maybe_increase_iter(self, bucket) -> None:
         if bucket.is_last():

@@ -278,3 +278,16 @@ def seeded_normal(shape, seed: int, device, dtype) -> torch.Tensor:
     """Same values on every rank for the same seed (drawn on CPU, then moved)."""
     gen = torch.Generator().manual_seed(int(seed) % (2**63))
     return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def start_error_feedback_hook(state: CompressorState, bucket):
+    """Shared start of the all-gather hooks: forget the residual of a bucket whose layout changed, and while error
+    feedback warms up (DDP rebuilds its buckets after iteration 1) all-reduce densely.
+    Returns (layout, future): the future is the dense all-reduce during warm-up, else None."""
+    layout, changed = state.layout(bucket)
+    if changed:
+        state.error.pop(bucket.index(), None)
+    if state.error_feedback and state.iter < state.warmup_iters:
+        state.maybe_increase_iter(bucket)
+        return layout, allreduce_mean_async(state, bucket)
+    return layout, None

@@ -33,6 +33,21 @@ from runners.compressors.base import (
 )
 
 
+def low_rank_plan(layout, rank: int, min_compression_rate: float):
+    """(compressed matrices as (offset, rows, cols, r), uncompressed as (offset, numel)) for a bucket; shared by
+    PowerSGD and ACP-SGD."""
+    mats, vecs = layout.split()
+    comp = []
+    for off, n, m in mats:
+        r = min(rank, n, m)
+        if should_compress(n, m, r, min_compression_rate):
+            comp.append((off, n, m, r))
+        else:
+            vecs.append((off, n * m))
+    vecs.sort()
+    return comp, vecs
+
+
 def should_compress(rows: int, cols: int, rank: int, min_compression_rate: float) -> bool:
     """PyTorch's rule: compress when the factors are at least ``min_compression_rate`` times smaller."""
     return (rows + cols) * rank * min_compression_rate < rows * cols
@@ -88,17 +103,7 @@ class PowerSGDState(CompressorState):
         return self.start_iter
 
     def plan(self, layout):
-        """(compressed matrices as (offset, rows, cols, r), uncompressed as (offset, numel)) for a bucket."""
-        mats, vecs = layout.split()
-        comp = []
-        for off, n, m in mats:
-            r = min(self.rank, n, m)
-            if should_compress(n, m, r, self.min_compression_rate):
-                comp.append((off, n, m, r))
-            else:
-                vecs.append((off, n * m))
-        vecs.sort()
-        return comp, vecs
+        return low_rank_plan(layout, self.rank, self.min_compression_rate)
 
 
 def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -19,9 +19,9 @@ import torch.distributed as dist
 from runners.compressors.base import (
     CompressorState,
     allgather_wait,
-    allreduce_mean_async,
     check_bool,
     completed_future,
+    start_error_feedback_hook,
 )
 
 _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
@@ -78,12 +78,9 @@ def signsgd_hook(state: SignSGDState, bucket: dist.GradBucket) -> torch.futures.
     """Majority-vote signSGD on one bucket; the all-gather is waited inside the hook."""
     buf = bucket.buffer()
     index = bucket.index()
-    layout, changed = state.layout(bucket)
-    if changed:
-        state.error.pop(index, None)
-    if state.error_feedback and state.iter < state.warmup_iters:
-        state.maybe_increase_iter(bucket)
-        return allreduce_mean_async(state, bucket)
+    layout, warmup = start_error_feedback_hook(state, bucket)
+    if warmup is not None:
+        return warmup
     stats = state.stats
     stats.bind(buf.device)
     d = buf.numel()

@@ -373,7 +373,7 @@ def _destroy(name: str) -> list[str]:
         with contextlib.suppress(FileNotFoundError):
             netns.remove(ns)
         removed.append(ns)
-    leftover = [n for n in cluster_namespaces(name)]
+    leftover = cluster_namespaces(name)
     if leftover:
         raise ClusterError(f"could not remove namespaces {', '.join(leftover)}")
     for path in tc.backup_dir().glob(f"{NS_PREFIX}{name}-*__*.json") if tc.backup_dir().is_dir() else []:

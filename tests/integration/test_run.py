@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, cluster_netns, one_line, pids_in_netns, wait_for
+from conftest import REPO, cluster_netns, one_line, pids_in_netns, run_cli, wait_for
 
 pytestmark = pytest.mark.root
 
@@ -93,27 +93,8 @@ def test_rank_crash_fails_fast_with_its_log(make_cluster, cli_env, tmp_path):
     name = make_cluster(2)
     env = dict(cli_env, TESTBED_FAULT="crash:1")
     t0 = time.monotonic()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "testbed.cli",
-            "run",
-            "--name",
-            name,
-            "--bw",
-            "100mbit",
-            "--out",
-            str(tmp_path / "res"),
-            *FAST,
-            *FAULT_RUNNER,
-            "--json",
-        ],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_cli(
+        env, "run", "--name", name, "--bw", "100mbit", "--out", str(tmp_path / "res"), *FAST, *FAULT_RUNNER, "--json"
     )
     assert time.monotonic() - t0 < 30
     assert done.returncode == 1
@@ -128,29 +109,20 @@ def test_rank_crash_fails_fast_with_its_log(make_cluster, cli_env, tmp_path):
 def test_rank_hang_hits_the_trial_timeout(make_cluster, cli_env, tmp_path):
     name = make_cluster(2)
     env = dict(cli_env, TESTBED_FAULT="hang")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "testbed.cli",
-            "run",
-            "--name",
-            name,
-            "--bw",
-            "100mbit",
-            "--out",
-            str(tmp_path / "res"),
-            "--timeout",
-            "4",
-            *FAST,
-            *FAULT_RUNNER,
-            "--json",
-        ],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    done = run_cli(
+        env,
+        "run",
+        "--name",
+        name,
+        "--bw",
+        "100mbit",
+        "--out",
+        str(tmp_path / "res"),
+        "--timeout",
+        "4",
+        *FAST,
+        *FAULT_RUNNER,
+        "--json",
     )
     row = json.loads(done.stdout)["row"]
     assert row["status"] == "timeout" and "timed out" in row["error"]
