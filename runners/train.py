@@ -22,7 +22,7 @@ hook, so backward_s is the full compute and comm_s = reduction wall time - encod
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -30,115 +30,65 @@ import socket
 import statistics
 import sys
 from datetime import timedelta
+from typing import Any
 
-REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+from runners.contract import ContractError, RankArgs, RankEnv
+
 RECORD_KEYS = (
     "rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
     "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes",
 )  # fmt: skip
 PHASES = ("forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s")
 
-
-class InputError(Exception):
-    """Bad flags or environment: one line, exit 2."""
+InputError = ContractError  # bad flags or environment: one line, exit 2
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of usage + message
-        raise InputError(message)
+@dataclasses.dataclass
+class Job:
+    """A validated rank: its arguments, its place in the job, the backend and the compressor (state, hook)."""
+
+    args: RankArgs
+    env: RankEnv
+    backend: str
+    state: Any
+    hook: Any
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return self.args.option_dict
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from runners.compressors import names
-    from runners.models import MODELS
-
-    p = _Parser(prog="train", description="One rank of a DDP training run with a gradient compressor.")
-    p.add_argument("--model", required=True, help=f"one of: {', '.join(MODELS)}")
-    p.add_argument("--compressor", default="syncsgd", help=f"one of: {', '.join(names())}")
-    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="compressor option (repeatable), e.g. --opt rank=4 --opt ratio=0.01")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per iteration")
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--iters", type=int, default=20, help="measured iterations")
-    p.add_argument("--warmup-iters", type=int, default=3,
-                   help="unrecorded iterations (raised to the compressor's need; serial mode needs >= 2)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    p.add_argument("--iface", default=None, help="data interface: sets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; "
-                   "its counters give wire bytes (default: the interface that routes to MASTER_ADDR)")
-    p.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0)
-    p.add_argument("--serial", action="store_true", help="no overlap: no_sync backward, then reduce the buckets")
-    p.add_argument("--no-timing", action="store_true", help="per-phase timers off (phases recorded as null)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--out", required=True, help="output directory")
-    return p  # fmt: skip
+def build_parser():
+    return RankArgs.parser()
 
 
-def parse_value(text: str):
-    try:
-        return json.loads(text)
-    except ValueError:
-        low = text.lower()
-        if low in ("true", "false"):
-            return low == "true"
-        return text
-
-
-def validate(argv):
-    """Everything that can be checked before a process group exists. Raises InputError / ValueError."""
+def validate(argv) -> Job:
+    """Everything that can be checked before a process group exists. Raises ContractError / ValueError."""
     from runners import compressors
     from runners.models import MODELS
 
-    args = build_parser().parse_args(argv)
+    args = RankArgs.from_argv(argv)
     if args.model not in MODELS:
         raise InputError(f"unknown model {args.model!r}; valid: {', '.join(MODELS)}")
-    if args.batch_size < 1:
-        raise InputError(f"--batch-size {args.batch_size} is not accepted: expected >= 1")
-    for flag, value, lo in (("--iters", args.iters, 1), ("--warmup-iters", args.warmup_iters, 0),
-                            ("--image-size", args.image_size, 8), ("--seq-len", args.seq_len, 1),
-                            ("--threads", args.threads, 0)):  # fmt: skip
-        if value < lo:
-            raise InputError(f"{flag} {value} is not accepted: expected >= {lo}")
-    if args.seq_len > 512:
-        raise InputError(f"--seq-len {args.seq_len} is not accepted: BERT-base has 512 positions")
-    for flag, value in (("--timeout-s", args.timeout_s), ("--bucket-cap-mb", args.bucket_cap_mb),
-                        ("--lr", args.lr)):  # fmt: skip
-        if not value > 0:
-            raise InputError(f"{flag} {value} is not accepted: expected > 0")
-    options = {}
-    for item in args.opt:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InputError(f"--opt {item!r} is not KEY=VALUE")
-        options[key] = parse_value(value)
-    state, hook = compressors.get(args.compressor, **options)  # ValueError for bad names/options
-    missing = [k for k in REQUIRED_ENV if not os.environ.get(k)]
-    if missing:
-        raise InputError(f"missing environment variable(s) {', '.join(missing)} (start me with torchrun)")
-    env = {}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
-        try:
-            env[k] = int(os.environ[k])
-        except ValueError:
-            raise InputError(f"{k}={os.environ[k]!r} is not an integer") from None
-    env["MASTER_ADDR"] = os.environ["MASTER_ADDR"]
-    if env["WORLD_SIZE"] < 1 or not 0 <= env["RANK"] < env["WORLD_SIZE"]:
-        raise InputError(f"RANK={env['RANK']} WORLD_SIZE={env['WORLD_SIZE']}: expected 0 <= RANK < WORLD_SIZE")
+    state, hook = compressors.get(args.compressor, **args.option_dict)  # ValueError for bad names/options
+    env = RankEnv.from_environ(os.environ)
     import torch
 
     cuda = torch.cuda.is_available()
     backend = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
     if backend == "nccl" and not cuda:
         raise InputError("--backend nccl needs CUDA, and no CUDA device is visible; use --backend gloo")
+    if backend == "nccl" and env.local_rank >= torch.cuda.device_count():
+        raise InputError(
+            f"LOCAL_RANK={env.local_rank} but this host shows {torch.cuda.device_count()} CUDA device(s) "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
     if args.iface is not None:
         import psutil
 
         if args.iface not in psutil.net_if_addrs():
             raise InputError(f"--iface {args.iface!r} does not exist; have: {', '.join(psutil.net_if_addrs())}")
-    return args, env, options, backend, state, hook
+    return Job(args, env, backend, state, hook)
 
 
 def iface_for(addr: str) -> str | None:
@@ -176,7 +126,39 @@ def percentile(values, q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def run(args, env, options, backend, state, hook) -> int:
+def run(job: Job) -> int:
+    import torch
+    import torch.distributed as dist
+
+    args, env, backend = job.args, job.env, job.backend
+    if args.iface:
+        if backend == "gloo":
+            os.environ["GLOO_SOCKET_IFNAME"] = args.iface
+        else:  # NCCL over sockets on the data interface (the launcher sets these too; a bare torchrun gets them here)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "=" + args.iface)
+            os.environ.setdefault("NCCL_IB_DISABLE", "1")
+            os.environ.setdefault("NCCL_NET", "Socket")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if backend == "nccl":
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=args.timeout_s),
+                            device_id=device if device.type == "cuda" else None)  # fmt: skip
+    try:
+        code = _train(job, device)
+        # Leave together: a gloo rank that tears its pairs down while a peer still talks to it can abort
+        # ("terminate called without an active exception", seen with mstopk on 2 ranks).
+        dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
+        return code
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(job: Job, device) -> int:
     import psutil
     import torch
     import torch.distributed as dist
@@ -187,37 +169,8 @@ def run(args, env, options, backend, state, hook) -> int:
     from runners.models import build
     from runners.timing import Clock
 
-    rank, world = env["RANK"], env["WORLD_SIZE"]
-    if args.iface:
-        if backend == "gloo":
-            os.environ["GLOO_SOCKET_IFNAME"] = args.iface
-        else:
-            os.environ["NCCL_SOCKET_IFNAME"] = "=" + args.iface
-            os.environ["NCCL_IB_DISABLE"] = "1"
-            os.environ["NCCL_NET"] = "Socket"
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if backend == "nccl":
-        device = torch.device("cuda", env["LOCAL_RANK"])
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=args.timeout_s))  # fmt: skip
-    try:
-        code = _train(args, env, options, backend, state, hook, device, psutil, torch, dist, DDP, compressors,
-                      BucketRecorder, serial_reduce, build, Clock)  # fmt: skip
-        # Leave together: a gloo rank that tears its pairs down while a peer still talks to it can abort
-        # ("terminate called without an active exception", seen with mstopk on 2 ranks).
-        dist.barrier()
-        return code
-    finally:
-        dist.destroy_process_group()
-
-
-def _train(args, env, options, backend, state, hook, device, psutil, torch, dist, DDP, compressors,
-           BucketRecorder, serial_reduce, build, Clock) -> int:  # fmt: skip
-    rank, world = env["RANK"], env["WORLD_SIZE"]
+    args, state, hook = job.args, job.state, job.hook
+    rank, world = job.env.rank, job.env.world_size
     timing = not args.no_timing
     clock = Clock(device, enabled=timing)
     iter_clock = Clock(device, enabled=True)  # iteration time is always measured
@@ -248,7 +201,7 @@ def _train(args, env, options, backend, state, hook, device, psutil, torch, dist
                 p.register_post_accumulate_grad_hook(mark)
 
     warmup = max(args.warmup_iters, state.warmup_iters, 2 if args.serial else 0)
-    wire_if = args.iface or iface_for(env["MASTER_ADDR"])
+    wire_if = args.iface or iface_for(job.env.master_addr)
 
     def wire():
         if wire_if is None:
@@ -320,7 +273,7 @@ def _train(args, env, options, backend, state, hook, device, psutil, torch, dist
     gathered = [None] * world
     dist.all_gather_object(gathered, local)
     if rank == 0:
-        summary = _summary(args, env, options, backend, device, world, warmup, state, gathered, wire_if, torch)
+        summary = _summary(job, device, warmup, gathered, wire_if)
         atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
     p50 = percentile(local["iter_time_s"], 0.5)
     print(
@@ -381,23 +334,25 @@ def _pack(forward, backward, encode, comm, decode, optimizer) -> dict:
     return dict(zip(PHASES, (forward, backward, encode, comm, decode, optimizer), strict=True))
 
 
-def _summary(args, env, options, backend, device, world, warmup, state, gathered, wire_if, torch) -> dict:
+def _summary(job: Job, device, warmup: int, gathered: list, wire_if: str | None) -> dict:
+
+    args, state, world = job.args, job.state, job.env.world_size
     n_iters = min(len(g["iter_time_s"]) for g in gathered)
     # the step time of the job is the slowest rank's, iteration by iteration
     step_times = [max(g["iter_time_s"][i] for g in gathered) for i in range(n_iters)]
     mean_it = statistics.fmean(step_times)
-    config = dict(vars(args))
+    config = dataclasses.asdict(args)
     config["compressor_options"] = state.options()
-    config["opt"] = options
+    config["opt"] = job.options
+    config["local_world_size"] = job.env.local_world_size
     return {
         "config": config,
         "env": {
-            "torch_version": torch.__version__,
+            **device_facts(device),
             "python_version": platform.python_version(),
-            "backend": backend,
-            "device": "cuda" if device.type == "cuda" else "cpu",
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+            "backend": job.backend,
             "world_size": world,
+            "local_world_size": job.env.local_world_size,
             "hostname": socket.gethostname(),
             "wire_iface": wire_if,
         },
@@ -415,13 +370,46 @@ def _summary(args, env, options, backend, device, world, warmup, state, gathered
     }
 
 
+def device_facts(device) -> dict[str, Any]:
+    """torch, CUDA, NCCL and driver versions and the device name, for the results row."""
+    import torch
+
+    facts: dict[str, Any] = {"torch_version": torch.__version__, "device": device.type}
+    if device.type != "cuda":
+        facts["device_name"] = platform.processor() or platform.machine()
+        return facts
+    facts["device_name"] = torch.cuda.get_device_name(device)
+    facts["cuda_version"] = torch.version.cuda
+    try:
+        facts["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except (AttributeError, RuntimeError):
+        facts["nccl_version"] = None
+    facts["driver_version"] = _driver_version()
+    return facts
+
+
+def _driver_version() -> str | None:
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.split()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out[0] if out else None
+
+
 def main(argv=None) -> int:
     try:
-        validated = validate(sys.argv[1:] if argv is None else argv)
+        job = validate(sys.argv[1:] if argv is None else argv)
     except (InputError, ValueError) as e:
         print(f"train: error: {e}", file=sys.stderr)
         return 2
-    return run(*validated)
+    return run(job)
 
 
 if __name__ == "__main__":

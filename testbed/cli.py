@@ -79,6 +79,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         return lab_up(args, shape)
     from testbed.cluster.local import DEFAULT_SUBNET, LocalCluster
+    from testbed.gpus import parse_gpus_flag
 
     cluster, created = LocalCluster.up(
         args.name,
@@ -87,6 +88,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         subnet=args.subnet or DEFAULT_SUBNET,
         recreate=args.recreate,
         force=args.force,
+        gpus=parse_gpus_flag(args.gpus),
     )
     verified = _verify(cluster, shape) if args.verify else None
     if args.json:
@@ -150,11 +152,15 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 def _print_hosts(status: dict) -> None:
     table = Table(title=f"cluster {status['name']} ({status['backend']})")
+    with_gpus = any(h.get("gpus") for h in status["hosts"])
     for col in ("host", "address", "iface", "namespace", "upload", "download", "tx bytes", "drops"):
         table.add_column(col)
+    if with_gpus:
+        table.add_column("gpus")
     for h in status["hosts"]:
         links = h.get("links", {})
         up, down = links.get("upload", {}), links.get("download", {})
+        gpu_cell = [",".join(map(str, h.get("gpus") or [])) or "-"] if with_gpus else []
         table.add_row(
             h["name"],
             h["address"],
@@ -164,6 +170,7 @@ def _print_hosts(status: dict) -> None:
             _link_text(down),
             str(up.get("sent_bytes", "-")),
             f"{up.get('drops', 0)}/{down.get('drops', 0)}",
+            *gpu_cell,
         )
     console.print(table)
 
@@ -324,6 +331,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--hosts", type=int, default=4, help="number of emulated hosts (default 4)")
     p.add_argument("--subnet", help="private IPv4 subnet for host addresses (default 10.77.0.0/24)")
     p.add_argument("--recreate", action="store_true", help="tear down an existing cluster of this name first")
+    p.add_argument("--gpus", help="emulated hosts: this machine's GPUs to share out among the hosts: all, none "
+                   "(default) or indices 0,1,... (each host gets CUDA_VISIBLE_DEVICES and its own NCCL host id)")
     p.add_argument("--verify", action="store_true", help="probe h0->h1 with iperf3 after shaping")
     p.add_argument("--inventory", help="Ansible inventory of lab hosts (instead of emulated hosts)")
     p.add_argument("--accept-new-host-keys", action="store_true", help="lab: trust unknown SSH host keys")

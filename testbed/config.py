@@ -62,9 +62,17 @@ class Trial:
     seq_len: int = 128
     bucket_cap_mb: float = 25.0
     serial: bool = False
+    overlap: bool = True  # hooks return un-waited futures (communication overlaps backward); off: hooks block
     options: tuple[tuple[str, Any], ...] = ()  # compressor options, sorted (key, value) pairs
     cluster: str = "tb"
     runner: str = DEFAULT_RUNNER
+    # where and how ranks talk (testbed.launch_plan resolves "auto" and None against the cluster before a run)
+    backend: str = "auto"  # auto | gloo | nccl
+    ranks_per_host: int | None = None  # torchrun's nproc-per-node; None: the hosts' GPU count, else 1
+    intra_host: str = "p2p"  # p2p: NCCL's own NVLink/P2P/SHM inside a host; socket: P2P and SHM off
+    nccl_socket_nthreads: int | None = None  # NCCL_SOCKET_NTHREADS (None: NCCL's default)
+    nccl_nsocks_perthread: int | None = None  # NCCL_NSOCKS_PERTHREAD (None: NCCL's default)
+    nccl_env: tuple[tuple[str, str], ...] = ()  # further NCCL_* settings, sorted (key, value) pairs
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -77,8 +85,9 @@ class Trial:
         ):
             if not isinstance(value, int) or value < low:
                 raise InputError(f"{name} {value!r}: expected an integer >= {low}")
-        if self.bucket_cap_mb <= 0:
+        if not self.bucket_cap_mb > 0:
             raise InputError(f"--bucket-cap-mb {self.bucket_cap_mb}: expected > 0")
+        check_placement(self)
         check_compressor(self.compressor, dict(self.options))
         if self.rate_bps is not None:
             _ = self.shape  # validates qdisc/rate/burst combinations
@@ -113,6 +122,73 @@ class Trial:
         return f"{self.compressor}{opts} @ {rate}, {self.world_size} ranks, {self.model} bs{self.batch_size}"
 
 
+BACKENDS = ("auto", "gloo", "nccl")
+INTRA_HOST = ("p2p", "socket")
+# NCCL variables the testbed sets itself for every NCCL trial (socket transport on the shaped data interface)
+NCCL_PINNED = ("NCCL_NET", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_HOSTID")
+NCCL_SOCKET_PRODUCT_MAX = 64  # NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD (NCCL refuses more)
+
+
+def check_placement(t: Trial) -> None:
+    """Backend, ranks per host and NCCL settings: InputError naming the flag and what is accepted."""
+    if t.backend not in BACKENDS:
+        raise InputError(f"--backend {t.backend!r}: accepted {', '.join(BACKENDS)}")
+    if t.intra_host not in INTRA_HOST:
+        raise InputError(f"--intra-host {t.intra_host!r}: accepted {', '.join(INTRA_HOST)}")
+    if t.ranks_per_host is not None:
+        if isinstance(t.ranks_per_host, bool) or not isinstance(t.ranks_per_host, int) or t.ranks_per_host < 1:
+            raise InputError(f"--ranks-per-host {t.ranks_per_host!r}: expected an integer >= 1")
+        if t.world_size % t.ranks_per_host:
+            raise InputError(
+                f"--world-size {t.world_size} is not a multiple of --ranks-per-host {t.ranks_per_host}; every host "
+                f"runs the same number of ranks (e.g. --world-size {t.ranks_per_host * max(1, t.world_size // t.ranks_per_host)})"
+            )
+    for flag, value in (("--nccl-socket-nthreads", t.nccl_socket_nthreads),
+                        ("--nccl-nsocks-perthread", t.nccl_nsocks_perthread)):  # fmt: skip
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+            raise InputError(f"{flag} {value!r}: expected an integer from 1 to 64")
+    threads, socks = t.nccl_socket_nthreads or 1, t.nccl_nsocks_perthread or 1
+    if threads * socks > NCCL_SOCKET_PRODUCT_MAX:
+        raise InputError(
+            f"--nccl-socket-nthreads {threads} x --nccl-nsocks-perthread {socks} = {threads * socks}; "
+            f"NCCL accepts a product of at most {NCCL_SOCKET_PRODUCT_MAX}"
+        )
+    for key, value in t.nccl_env:
+        check_env_pair(key, value, "--nccl-env")
+        if not key.startswith("NCCL_"):
+            raise InputError(f"--nccl-env {key}=...: only NCCL_* variables are accepted here (use --env for others)")
+        if key in NCCL_PINNED or key in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_P2P_DISABLE",
+                                         "NCCL_SHM_DISABLE"):  # fmt: skip
+            raise InputError(
+                f"--nccl-env {key}: set by the testbed (socket transport on the shaped interface); use "
+                "--nccl-socket-nthreads, --nccl-nsocks-perthread or --intra-host socket for the ones it exposes"
+            )
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env_pair(key: str, value: str, flag: str) -> None:
+    if not _ENV_NAME.match(key or ""):
+        raise InputError(f"{flag} {key!r}: not a variable name; expected KEY=VALUE with KEY like [A-Za-z_][A-Za-z0-9_]*")
+    if "\0" in value or "\n" in value:
+        raise InputError(f"{flag} {key}: the value contains a NUL or newline; expected one line of text")
+
+
+def parse_env_pairs(items: list[str] | None, flag: str) -> tuple[tuple[str, str], ...]:
+    """`KEY=VALUE` words (repeatable flag) as sorted pairs; a key given twice is refused."""
+    pairs: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InputError(f"{flag} {item!r}: expected KEY=VALUE")
+        check_env_pair(key, value, flag)
+        if key in pairs:
+            raise InputError(f"{flag} {key} given twice")
+        pairs[key] = value
+    return tuple(sorted(pairs.items()))
+
+
 # ----------------------------------------------------------------------------------------- sweeps
 SWEEP_KEYS = {
     "bw": 'list of rates, e.g. ["100mbit", "1gbit"]',
@@ -130,6 +206,13 @@ SWEEP_KEYS = {
     "seq_len": "an integer",
     "bucket_cap_mb": "a number",
     "serial": "true or false",
+    "overlap": "true or false",
+    "backend": '"auto", "gloo" or "nccl"',
+    "ranks_per_host": "an integer (torchrun's nproc-per-node)",
+    "intra_host": '"p2p" or "socket"',
+    "nccl_socket_nthreads": "an integer 1-64",
+    "nccl_nsocks_perthread": "an integer 1-64",
+    "nccl_env": 'a table of NCCL_* settings, e.g. [nccl_env] NCCL_ALGO = "Ring"',
     "options": "a table of compressor -> {option = value}, e.g. [options.powersgd] rank = 4",
 }
 
@@ -214,12 +297,21 @@ def load_sweep_toml(path: str | Path, **overrides: Any) -> list[Trial]:
         ("seq_len", int),
         ("bucket_cap_mb", float),
         ("serial", bool),
+        ("overlap", bool),
+        ("backend", str),
+        ("ranks_per_host", int),
+        ("intra_host", str),
+        ("nccl_socket_nthreads", int),
+        ("nccl_nsocks_perthread", int),
     ):
         value = get(key, kind)
         if value is not None:
             common[key] = value
     if "burst" in sweep:
         common["burst_bytes"] = parse_size_bytes(get("burst", str), f"{path}: burst")
+    if "nccl_env" in sweep:
+        table = get("nccl_env", dict)
+        common["nccl_env"] = parse_env_pairs([f"{k}={v}" for k, v in table.items()], f"{path}: nccl_env")
     if "delay" in sweep:
         common["delay_s"] = parse_time_s(get("delay", str), f"{path}: delay")
     common.update({k: v for k, v in overrides.items() if v is not None})

@@ -1,9 +1,10 @@
-"""Run one trial on a cluster: shape and verify the links, start one rank per host, watch, collect, record.
+"""Run one trial on a cluster: shape and verify the links, start the ranks, watch, collect, record.
 
 Order of work for a trial (and what is undone on the way out, whatever happens):
   1. shape every link at the trial's rate (the cluster's configured shaping is put back afterwards);
   2. probe h0 -> h1 with iperf3 for a second and record the measured goodput;
-  3. start rank r on host r in its own process group, with the torchrun environment and the data interface;
+  3. start every rank of the launch plan (testbed.launch_plan: ranks per host, devices, allowlisted environment) in
+     its own process group;
   4. poll the ranks: the first one to exit non-zero fails the trial at once (its last log lines become the error),
      the others' process groups are killed; past the deadline the trial is a timeout;
   5. read rank 0's summary.json and turn it into one results row.
@@ -27,10 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import testbed
+from runners.contract import SUMMARY_ENV_KEYS, SUMMARY_METRICS
 from shaping.plan import ideal_goodput_bps
+from testbed import launch_plan
 from testbed.config import Trial
-from testbed.errors import InputError, LaunchError, TestbedError
+from testbed.errors import LaunchError, TestbedError
 from testbed.results import ResultsStore
+
+METRICS = SUMMARY_METRICS  # the summary keys copied into each results row
 
 POLL_INTERVAL_S = 0.05
 LOG_TAIL_LINES = 8
@@ -54,71 +59,28 @@ class TrialFailed(LaunchError):
         self.status = status
 
 
-def runner_argv(trial: Trial, out_dir: Path, iface: str, collective_timeout_s: float, threads: int = 0) -> list[str]:
-    """The rank's command line: `python -m runners.train ...` with the trial's settings."""
-    argv = [
-        sys.executable,
-        "-m",
-        trial.runner,
-        "--model",
-        trial.model,
-        "--batch-size",
-        str(trial.batch_size),
-        "--compressor",
-        trial.compressor,
-        "--iters",
-        str(trial.iters),
-        "--warmup-iters",
-        str(trial.warmup_iters),
-        "--seed",
-        str(trial.seed),
-        "--image-size",
-        str(trial.image_size),
-        "--seq-len",
-        str(trial.seq_len),
-        "--bucket-cap-mb",
-        f"{trial.bucket_cap_mb:g}",
-        "--iface",
-        iface,
-        "--out",
-        str(out_dir),
-        "--timeout-s",
-        f"{collective_timeout_s:g}",
-        "--backend",
-        "gloo",
-        "--threads",
-        str(threads),
-    ]
-    if trial.serial:
-        argv.append("--serial")
-    for key, value in trial.options:
-        argv += ["--opt", f"{key}={value}"]
-    return argv
-
-
-def rank_env(trial: Trial, rank: int, master_addr: str, master_port: int, threads: int) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(trial.world_size),
-        LOCAL_RANK="0",
-        LOCAL_WORLD_SIZE="1",
-        GROUP_RANK=str(rank),
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(master_port),
-        PYTHONUNBUFFERED="1",
-    )
-    if threads:  # local hosts share this machine's cores; lab hosts keep their own defaults
-        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    return env
-
-
 def _tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
     try:
         lines = path.read_text(errors="replace").strip().splitlines()
     except FileNotFoundError:
         return "(no log)"
     return " | ".join(line.strip() for line in lines[-n:]) or "(empty log)"
+
+
+def make_plan(cluster, trial: Trial, out_dir, *, timeout_s: float, user_env=()) -> launch_plan.LaunchPlan:
+    """The launch plan of a resolved trial on this cluster (what `run --dry-run` prints and `run_trial` starts)."""
+    hosts = cluster.hosts()
+    return launch_plan.plan(
+        trial,
+        hosts,
+        out_dir=out_dir,
+        master_port=random.randint(20000, 29999),
+        collective_timeout_s=max(30.0, min(timeout_s, 300.0)),
+        threads=cluster.threads_per_rank(trial.world_size),
+        cluster_name=cluster.name,
+        controller_env=os.environ,
+        user_env=user_env,
+    )
 
 
 def run_trial(
@@ -129,26 +91,25 @@ def run_trial(
     timeout_s: float = 600.0,
     probe: bool = True,
     on_phase: Callable[[str], None] | None = None,
+    user_env: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
-    """Run `trial` on `cluster`, append its row to `store` (also when it fails) and return the row."""
+    """Run `trial` on `cluster`, append its row to `store` (also when it fails) and return the row.
+    `trial` may still say backend auto / ranks_per_host None: it is resolved against the cluster's hosts here."""
     hosts = cluster.hosts()
-    if trial.world_size > len(hosts):
-        raise InputError(
-            f"--world-size {trial.world_size} is larger than cluster {cluster.name!r} ({len(hosts)} hosts); "
-            f"use `testbed up --hosts {trial.world_size} --recreate` or a smaller world size"
-        )
+    trial = launch_plan.resolve(trial, hosts)
     store.ensure()
     say = on_phase or (lambda _msg: None)
     started = dt.datetime.now(dt.UTC)
     t0 = time.monotonic()
-    row = base_row(cluster, trial, started)
     out_dir = store.trial_dir(trial.trial_id)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    (out_dir / "logs").mkdir(parents=True)
-    used = hosts[: trial.world_size]
-    configured = cluster.recorded_shape()
     # where the ranks write: the results directory itself on emulated hosts, a per-trial folder on lab hosts
     rank_out = cluster.rank_out_dir(out_dir, trial.trial_id)
+    plan = make_plan(cluster, trial, rank_out, timeout_s=timeout_s, user_env=user_env)
+    row = base_row(cluster, trial, started, plan)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    (out_dir / "logs").mkdir(parents=True)
+    used = list(plan.hosts)
+    configured = cluster.recorded_shape()
     procs = []
     try:
         say("shaping")
@@ -163,13 +124,9 @@ def run_trial(
             result = probe_pair(cluster, used[0], used[1], requested_bps=trial.rate_bps, duration_s=1.0)
             row["measured_goodput_bps"] = result.achieved_bps
         say("starting ranks")
-        port = random.randint(20000, 29999)
-        threads = max(1, (os.cpu_count() or 1) // trial.world_size) if cluster.backend == "local" else 0
-        collective_timeout_s = max(30.0, min(timeout_s, 300.0))
-        for rank, host in enumerate(used):
-            env = rank_env(trial, rank, used[0].address, port, threads)
-            argv = runner_argv(trial, rank_out, host.data_iface, collective_timeout_s, threads)
-            procs.append(cluster.start(host, argv, env=env, log_path=out_dir / "logs" / f"rank{rank}.log"))
+        for r in plan.ranks:
+            argv = [sys.executable, *r.argv]
+            procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=out_dir / "logs" / r.log_name))
         say("training")
         _watch(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
         for host in used:
@@ -221,7 +178,7 @@ def _watch(procs: list, *, deadline: float, out_dir: Path) -> None:
         time.sleep(POLL_INTERVAL_S)  # poll interval of the watch loop, bounded by the deadline
 
 
-def base_row(cluster, trial: Trial, started: dt.datetime) -> dict[str, Any]:
+def base_row(cluster, trial: Trial, started: dt.datetime, plan: launch_plan.LaunchPlan) -> dict[str, Any]:
     shape = trial.shape
     return {
         "trial_id": trial.trial_id,
@@ -230,8 +187,13 @@ def base_row(cluster, trial: Trial, started: dt.datetime) -> dict[str, Any]:
         "started_at": started.isoformat(timespec="seconds"),
         "backend": cluster.backend,
         "cluster_name": cluster.name,
-        "host_count": len(cluster.hosts()),
+        "host_count": len(plan.hosts),
+        "ranks_per_host": plan.ranks_per_host,
         "world_size": trial.world_size,
+        "dist_backend": trial.backend,
+        "intra_host": trial.intra_host,
+        "nccl_settings": json.dumps(plan.nccl_settings(), sort_keys=True),
+        "user_env_keys": ",".join(plan.user_env_keys),
         "rate_bps": trial.rate_bps or 0,
         "burst_bytes": shape.effective_burst_bytes if shape else None,
         "qdisc": shape.qdisc if shape else None,
@@ -247,30 +209,13 @@ def base_row(cluster, trial: Trial, started: dt.datetime) -> dict[str, Any]:
         "warmup_iters": trial.warmup_iters,
         "seed": trial.seed,
         "serial": trial.serial,
+        "overlap": trial.overlap,
         "bucket_cap_mb": trial.bucket_cap_mb,
         "python_version": platform.python_version(),
         "kernel": platform.release(),
         "testbed_version": testbed.__version__,
         "hostname": platform.node(),
     }
-
-
-METRICS = (
-    "iter_time_s_mean",
-    "iter_time_s_p5",
-    "iter_time_s_p50",
-    "iter_time_s_p95",
-    "samples_per_s",
-    "forward_s",
-    "backward_s",
-    "encode_s",
-    "comm_s",
-    "decode_s",
-    "optimizer_s",
-    "payload_bytes_per_iter",
-    "wire_tx_bytes_per_iter",
-    "wire_rx_bytes_per_iter",
-)
 
 
 def metrics_from_summary(path: Path) -> dict[str, Any]:
@@ -283,10 +228,7 @@ def metrics_from_summary(path: Path) -> dict[str, Any]:
         raise TrialFailed(f"{path} lacks {', '.join(missing)}; the runner and the launcher disagree on the format")
     env = summary.get("env", {})
     out = {m: summary[m] for m in METRICS}
-    out.update(
-        torch_version=env.get("torch_version"),
-        dist_backend=env.get("backend"),
-        device=env.get("device"),
-        warmup_iters=summary.get("warmup_iters_used", summary.get("config", {}).get("warmup_iters")),
-    )
+    out.update({k: env.get(k) for k in SUMMARY_ENV_KEYS if k != "backend"})
+    out["dist_backend"] = env.get("backend")
+    out["warmup_iters"] = summary.get("warmup_iters_used", summary.get("config", {}).get("warmup_iters"))
     return out

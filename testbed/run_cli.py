@@ -12,7 +12,7 @@ from rich.table import Table
 from shaping.units import format_rate, format_size
 from testbed.cli import add_json, add_name, console, print_json
 from testbed.cluster import registry
-from testbed.config import Trial, expand, load_sweep_toml, parse_list, parse_rates
+from testbed.config import Trial, expand, load_sweep_toml, parse_env_pairs, parse_list, parse_rates
 from testbed.errors import InputError
 
 
@@ -49,6 +49,18 @@ def add_trial_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a trial is stopped (default 600)")
     p.add_argument("--no-probe", action="store_true", help="skip the iperf3 check before each trial")
     p.add_argument("--runner-module", default="runners.train", help=argparse.SUPPRESS)
+    p.add_argument("--overlap", type=_on_off, default=True, metavar="on|off",
+                   help="on (default): compressor hooks overlap backward; off: hooks block (Agarwal et al.'s serial)")
+    g = p.add_argument_group("placement and collectives (GPU hosts: NCCL over sockets)")
+    g.add_argument("--backend", default="auto", help="auto (default: nccl when every host used has CUDA), nccl, gloo")
+    g.add_argument("--ranks-per-host", type=int, help="torchrun's nproc-per-node (default: the hosts' GPUs, else 1)")
+    g.add_argument("--intra-host", default="p2p", help="p2p (default: NVLink/P2P/SHM inside a host) or socket")
+    g.add_argument("--nccl-socket-nthreads", type=int, help="NCCL_SOCKET_NTHREADS (x nsocks-perthread <= 64)")
+    g.add_argument("--nccl-nsocks-perthread", type=int, help="NCCL_NSOCKS_PERTHREAD")
+    g.add_argument("--nccl-env", action="append", metavar="NCCL_KEY=VAL", help="further NCCL_* setting (repeatable)")
+    g.add_argument("--env", action="append", metavar="KEY=VAL",
+                   help="a variable every rank gets (repeatable); nothing else of this shell reaches the ranks "
+                   "but NCCL_*/GLOO_*/TORCH_*/CUDA_* and OMP/MKL thread counts")  # fmt: skip
     for key, (flag, kind) in OPTION_FLAGS.items():
         p.add_argument(flag, dest=f"opt_{key}", type=kind, help=f"compressor option {key}")
 
@@ -70,6 +82,13 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         seq_len=args.seq_len,
         bucket_cap_mb=args.bucket_cap_mb,
         serial=args.serial,
+        overlap=args.overlap,
+        backend=args.backend,
+        ranks_per_host=args.ranks_per_host,
+        intra_host=args.intra_host,
+        nccl_socket_nthreads=args.nccl_socket_nthreads,
+        nccl_nsocks_perthread=args.nccl_nsocks_perthread,
+        nccl_env=parse_env_pairs(args.nccl_env, "--nccl-env"),
         qdisc=args.qdisc,
         cluster=args.name,
         runner=args.runner_module,
@@ -90,31 +109,37 @@ def _cluster_for(args: argparse.Namespace, world_size: int):
 
 # ---------------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.launch import run_trial, stop_on_ctrl_c
+    from testbed import launch_plan
+    from testbed.launch import make_plan, run_trial, stop_on_ctrl_c
     from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
 
     if not args.bw:
         raise InputError("run needs --bw RATE (e.g. 500mbit), or --bw none for an unshaped run")
     rate = parse_rates([args.bw])[0]
     opts = _options(args)
+    user_env = parse_env_pairs(args.env, "--env")
+    launch_plan.check_user_env(user_env)
     store = ResultsStore(args.out)
-    world_size = args.world_size
-    if world_size is None:
-        record = registry.load_record(args.name)
-        world_size = len(record["hosts"]) if record else 2
+    record = registry.load_record(args.name)
     trial = Trial(
         compressor=args.compressor,
         rate_bps=rate,
-        world_size=world_size,
+        world_size=args.world_size or (args.ranks_per_host or 1),  # placeholder until resolved against the hosts
         options=tuple(sorted(opts.items())),
         **_common(args),
     )
+    if args.dry_run:  # print what would start: nothing is brought up, shaped or started
+        if record is None:
+            raise InputError(f"--dry-run needs a cluster that is up; start one with `testbed up --name {args.name}`")
+        cluster = registry.open_cluster(args.name)
+        trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
+        out = store.trial_dir(trial.trial_id)
+        plan = make_plan(cluster, trial, cluster.rank_out_dir(out, trial.trial_id), timeout_s=args.timeout,
+                         user_env=user_env)  # fmt: skip
+        print_json({"trial_id": trial.trial_id, "trial": trial.config(), "plan": plan.to_json()})
+        return 0
     cluster = _cluster_for(args, trial.world_size)
-    if trial.world_size > len(cluster.hosts()):
-        raise InputError(
-            f"--world-size {trial.world_size} is larger than cluster {cluster.name!r} "
-            f"({len(cluster.hosts())} hosts); use `testbed up --hosts {trial.world_size} --recreate`"
-        )
+    trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
     stop_on_ctrl_c()
     with console.status(f"{trial.label()}: starting") as status:
         row = run_trial(
@@ -124,6 +149,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             probe=not args.no_probe,
             on_phase=lambda phase: status.update(f"{trial.label()}: {phase}"),
+            user_env=user_env,
         )
     baseline = store.find(trial.baseline().trial_id) if trial.compressor != "syncsgd" else None
     if args.json:
@@ -187,18 +213,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             options=options,
             **_common(args),
         )
+    from testbed import launch_plan
+
+    cluster = _cluster_for(args, max(t.world_size for t in trials))
+    hosts = cluster.hosts()
+    trials = list(dict.fromkeys(launch_plan.resolve(t, hosts) for t in trials))  # concrete backend, ranks per host
     done = store.stored_ids("ok")
     todo = [t for t in trials if t.trial_id not in done]
     console.print(f"sweep: {len(trials)} trials, {len(trials) - len(todo)} already stored, {len(todo)} to run")
     if not todo:
         return 0
-    cluster = _cluster_for(args, max(t.world_size for t in todo))
-    too_big = [t for t in todo if t.world_size > len(cluster.hosts())]
-    if too_big:
-        raise InputError(
-            f"world size {too_big[0].world_size} is larger than cluster {cluster.name!r} "
-            f"({len(cluster.hosts())} hosts); use `testbed up --hosts N --recreate`"
-        )
     failed = 0
     stop_on_ctrl_c()
     columns = (
@@ -299,7 +323,9 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--compressor", default="syncsgd", help="syncsgd, fp16, bf16, powersgd, acpsgd, signsgd, topk, mstopk"
     )
-    p.add_argument("--world-size", type=int, help="ranks, one per host (default: every host of the cluster)")
+    p.add_argument("--world-size", type=int, help="ranks in all (default: every host x --ranks-per-host)")
+    p.add_argument("--dry-run", action="store_true", help="print the launch plan (hosts, ranks, argv, environment) "
+                   "as JSON and start nothing")  # fmt: skip
     add_trial_flags(p)
     p.set_defaults(func=cmd_run)
 

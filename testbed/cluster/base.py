@@ -21,6 +21,8 @@ class Host:
     address: str  # data-plane IPv4 address: ranks and probes talk to this
     data_iface: str  # the interface that carries training traffic (the shaped one)
     netns: str | None = None  # local backend: the host's network namespace
+    gpus: tuple[int, ...] = ()  # CUDA devices of this host (local: this machine's indices given to it by `up --gpus`)
+    emulated: bool = False  # one of several emulated hosts on one machine (own NCCL host id, own CUDA devices)
 
 
 class RankProcess(abc.ABC):
@@ -59,6 +61,10 @@ class Cluster(abc.ABC):
     @abc.abstractmethod
     def fetch(self, host: Host, remote_dir: Path, local_dir: Path) -> None:
         """Copy a directory of results written on a host to this machine (a no-op when it is the same path)."""
+
+    def threads_per_rank(self, ranks_on_machine: int) -> int:
+        """torch intra-op threads per rank: 0 keeps each host's default (real hosts have their own cores)."""
+        return 0
 
     def rank_out_dir(self, local_dir: Path, trial_id: str) -> Path:
         """Where ranks write a trial's records on the hosts; `fetch` brings them to `local_dir`."""

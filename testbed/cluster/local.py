@@ -160,16 +160,21 @@ class LocalCluster(Cluster):
         subnet: str = DEFAULT_SUBNET,
         recreate: bool = False,
         force: bool = False,
+        gpus: list[int] | None = None,
     ) -> tuple[LocalCluster, bool]:
-        """Bring the cluster up; returns (cluster, created). An identical existing cluster is returned as is."""
+        """Bring the cluster up; returns (cluster, created). An identical existing cluster is returned as is.
+        `gpus`: this machine's CUDA device indices to share out among the hosts (see `assign_gpus`)."""
         registry.check_name(name)
         net = _check_subnet(subnet, n_hosts)
+        per_host = assign_gpus(gpus or [], n_hosts)
         require_root()
         with registry.locked(name):
             existing = registry.load_record(name)
-            wanted = {"hosts": n_hosts, "subnet": str(net), "shape": shape.to_dict() if shape else None}
+            wanted = {"hosts": n_hosts, "subnet": str(net), "shape": shape.to_dict() if shape else None,
+                      "gpus": per_host}  # fmt: skip
             if existing is not None and not recreate:
-                have = {"hosts": len(existing["hosts"]), "subnet": existing["subnet"], "shape": existing.get("shape")}
+                have = {"hosts": len(existing["hosts"]), "subnet": existing["subnet"], "shape": existing.get("shape"),
+                        "gpus": [h.get("gpus", []) for h in existing["hosts"]]}  # fmt: skip
                 if existing.get("backend") != "local":
                     raise InputError(f"cluster {name!r} is a {existing.get('backend')} cluster; use another --name")
                 if have == wanted and all(n in netns.listnetns() for n in existing["namespaces"]):
@@ -193,6 +198,7 @@ class LocalCluster(Cluster):
                         "data_iface": DATA_IFACE,
                         "netns": host_ns(name, i),
                         "switch_port": f"h{i}",
+                        "gpus": per_host[i],
                     }
                     for i in range(n_hosts)
                 ],
@@ -218,7 +224,14 @@ class LocalCluster(Cluster):
 
     # ------------------------------------------------------------------ Cluster interface
     def hosts(self) -> list[Host]:
-        return [Host(h["name"], h["address"], h["data_iface"], h["netns"]) for h in self.record["hosts"]]
+        return [
+            Host(h["name"], h["address"], h["data_iface"], h["netns"], gpus=tuple(h.get("gpus", ())), emulated=True)
+            for h in self.record["hosts"]
+        ]
+
+    def threads_per_rank(self, ranks_on_machine: int) -> int:
+        """Every emulated host shares this machine's cores: split them among the ranks (at least one each)."""
+        return max(1, (os.cpu_count() or 1) // max(1, ranks_on_machine))
 
     def _argv(self, host: Host, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", host.netns, *argv]
@@ -230,6 +243,8 @@ class LocalCluster(Cluster):
         self, host: Host, argv: list[str], *, env: dict[str, str], log_path: Path, workdir: Path | None = None
     ) -> LocalRankProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        # emulated hosts are this machine: its PATH finds `ip` and the tools a rank calls; nothing else is added
+        env = {"PATH": os.environ.get("PATH", os.defpath), **env}
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
                 self._argv(host, argv),
@@ -310,7 +325,8 @@ class LocalCluster(Cluster):
             for _, direction, ns, ifname in self.links([h]):
                 links[direction] = {"netns": ns, "ifname": ifname, **tc.show(ifname, netns=ns)}
             hosts.append(
-                {"name": h.name, "address": h.address, "data_iface": h.data_iface, "netns": h.netns, "links": links}
+                {"name": h.name, "address": h.address, "data_iface": h.data_iface, "netns": h.netns,
+                 "gpus": list(h.gpus), "links": links}  # fmt: skip
             )
         return {
             "name": self.name,
@@ -320,6 +336,18 @@ class LocalCluster(Cluster):
             "shape": self.record.get("shape"),
             "hosts": hosts,
         }
+
+
+def assign_gpus(gpus: list[int], n_hosts: int) -> list[list[int]]:
+    """Share this machine's GPUs out among the emulated hosts: contiguous, equal groups when there are at least as
+    many GPUs as hosts (8 GPUs, 4 hosts: [0,1] [2,3] [4,5] [6,7]; leftovers unused), otherwise one GPU per host in
+    turn, several hosts sharing one (each host still gets its own NCCL host id)."""
+    if not gpus:
+        return [[] for _ in range(n_hosts)]
+    if len(gpus) >= n_hosts:
+        k = len(gpus) // n_hosts
+        return [list(gpus[i * k : (i + 1) * k]) for i in range(n_hosts)]
+    return [[gpus[i % len(gpus)]] for i in range(n_hosts)]
 
 
 def _describe_shape(shape: dict | None) -> str:

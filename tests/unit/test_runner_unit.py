@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from runners import train
+from runners import contract, train
 from runners.timing import Clock, CommStats
 
 ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
@@ -49,9 +49,9 @@ def test_bad_rank_env(monkeypatch, capsys):
 
 
 def test_opt_values_are_typed():
-    assert train.parse_value("4") == 4 and train.parse_value("0.5") == 0.5
-    assert train.parse_value("true") is True and train.parse_value("False") is False
-    assert train.parse_value("abc") == "abc"
+    assert contract.parse_value("4") == 4 and contract.parse_value("0.5") == 0.5
+    assert contract.parse_value("true") is True and contract.parse_value("False") is False
+    assert contract.parse_value("abc") == "abc"
 
 
 def test_percentile():

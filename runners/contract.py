@@ -1,0 +1,252 @@
+"""The launcher <-> rank contract, in one place: the rank's command line, its torchrun environment, its summary.
+
+Torch-free on purpose: the controller (testbed/launch.py) builds a rank's argv with ``RankArgs.to_argv()`` and its
+environment with ``torchrun_env()``; the rank (runners/train.py) parses the same argv with ``RankArgs.from_argv()`` and
+reads the same variables with ``RankEnv.from_environ()``. ``SUMMARY_METRICS`` are the keys rank 0 writes to
+``summary.json`` and the launcher copies into the results row. A flag added here exists on both sides at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+BACKENDS = ("gloo", "nccl")
+
+# Keys of summary.json that become results columns (the launcher refuses a summary that lacks one).
+SUMMARY_METRICS = (
+    "iter_time_s_mean",
+    "iter_time_s_p5",
+    "iter_time_s_p50",
+    "iter_time_s_p95",
+    "samples_per_s",
+    "forward_s",
+    "backward_s",
+    "encode_s",
+    "comm_s",
+    "decode_s",
+    "optimizer_s",
+    "payload_bytes_per_iter",
+    "wire_tx_bytes_per_iter",
+    "wire_rx_bytes_per_iter",
+)
+
+# What summary.json's "env" says about the software and hardware a trial ran on (results columns of the same name).
+SUMMARY_ENV_KEYS = (
+    "torch_version",
+    "backend",
+    "device",
+    "device_name",
+    "cuda_version",
+    "nccl_version",
+    "driver_version",
+)
+
+
+class ContractError(ValueError):
+    """A command line or environment that does not follow the contract: one line, the rank exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of usage + message
+        raise ContractError(message)
+
+
+def _on_off(text: str) -> bool:
+    if text in ("on", "off"):
+        return text == "on"
+    raise argparse.ArgumentTypeError(f"{text!r}: expected on or off")
+
+
+def parse_value(text: str) -> Any:
+    """An option value as typed on the command line: JSON (numbers, true/false, quoted strings), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        low = text.lower()
+        if low in ("true", "false"):
+            return low == "true"
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class RankArgs:
+    """Everything a rank is told on its command line. Field names are the flags (``bucket_cap_mb`` ->
+    ``--bucket-cap-mb``); booleans are on/off switches except ``serial`` and ``no_timing`` (present or absent)."""
+
+    model: str
+    out: str
+    compressor: str = "syncsgd"
+    options: tuple[tuple[str, Any], ...] = ()  # compressor options, (key, value) pairs: --opt key=value
+    batch_size: int = 32
+    image_size: int = 64
+    seq_len: int = 128
+    iters: int = 20
+    warmup_iters: int = 3
+    seed: int = 0
+    lr: float = 0.01
+    backend: str = "auto"  # auto | gloo | nccl
+    iface: str | None = None
+    timeout_s: float = 120.0
+    bucket_cap_mb: float = 25.0
+    serial: bool = False
+    overlap: bool = True
+    no_timing: bool = False
+    threads: int = 0
+
+    HELP = {
+        "model": "model name (runners.models.MODELS)",
+        "out": "output directory",
+        "compressor": "compressor name (runners.compressors.names())",
+        "batch_size": "samples per rank per iteration",
+        "iters": "measured iterations",
+        "warmup_iters": "unrecorded iterations (raised to the compressor's need; serial mode needs >= 2)",
+        "backend": "auto (nccl when CUDA is visible), gloo or nccl",
+        "iface": "data interface: sets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME; its counters give wire bytes "
+        "(default: the interface that routes to MASTER_ADDR)",
+        "timeout_s": "collective timeout",
+        "serial": "no overlap: no_sync backward, then reduce the buckets",
+        "overlap": "on: hooks return un-waited futures (communication overlaps backward); off: hooks block",
+        "no_timing": "per-phase timers off (phases recorded as null)",
+        "threads": "torch intra-op threads (0: torch's default)",
+    }
+
+    @property
+    def option_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    # ------------------------------------------------------------------------------------------ argv, both ways
+    def to_argv(self) -> list[str]:
+        """The flags for ``python -m runners.train`` (without the interpreter and module)."""
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if f.name == "options":
+                for key, v in value:
+                    argv += ["--opt", f"{key}={json.dumps(v)}"]
+            elif f.name in ("serial", "no_timing"):
+                if value:
+                    argv.append(flag)
+            elif f.name == "overlap":
+                argv += [flag, "on" if value else "off"]
+            elif value is not None:
+                argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+        return argv
+
+    @classmethod
+    def parser(cls) -> argparse.ArgumentParser:
+        p = _Parser(prog="train", description="One rank of a DDP training run with a gradient compressor.")
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            helptext = cls.HELP.get(f.name)
+            if f.name == "options":
+                p.add_argument("--opt", dest="options", action="append", default=[], metavar="KEY=VALUE",
+                               help="compressor option (repeatable), e.g. --opt rank=4 --opt ratio=0.01")  # fmt: skip
+            elif f.name in ("serial", "no_timing"):
+                p.add_argument(flag, action="store_true", help=helptext)
+            elif f.name == "overlap":
+                p.add_argument(flag, type=_on_off, default=True, metavar="on|off", help=helptext)
+            elif f.name == "backend":
+                p.add_argument(flag, choices=("auto", *BACKENDS), default=f.default, help=helptext)
+            else:
+                kind = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+                required = f.default is dataclasses.MISSING
+                p.add_argument(flag, type=kind, required=required, default=None if required else f.default,
+                               help=helptext)  # fmt: skip
+        return p
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> RankArgs:
+        """Parse and check what needs no torch; raises ContractError with one line."""
+        ns = vars(cls.parser().parse_args(argv))
+        options = []
+        for item in ns.pop("options"):
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ContractError(f"--opt {item!r} is not KEY=VALUE")
+            options.append((key, parse_value(value)))
+        args = cls(options=tuple(options), **ns)
+        args.check()
+        return args
+
+    def check(self) -> None:
+        for flag, value, lo in (("--batch-size", self.batch_size, 1), ("--iters", self.iters, 1),
+                                ("--warmup-iters", self.warmup_iters, 0), ("--image-size", self.image_size, 8),
+                                ("--seq-len", self.seq_len, 1), ("--threads", self.threads, 0)):  # fmt: skip
+            if value < lo:
+                raise ContractError(f"{flag} {value} is not accepted: expected >= {lo}")
+        if self.seq_len > 512:
+            raise ContractError(f"--seq-len {self.seq_len} is not accepted: BERT-base has 512 positions")
+        for flag, value in (("--timeout-s", self.timeout_s), ("--bucket-cap-mb", self.bucket_cap_mb),
+                            ("--lr", self.lr)):  # fmt: skip
+            if not (value > 0 and math.isfinite(value)):
+                raise ContractError(f"{flag} {value} is not accepted: expected a finite number > 0")
+
+
+# ------------------------------------------------------------------------------------------------ environment
+TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_env(
+    *,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    local_world_size: int,
+    group_rank: int,
+    master_addr: str,
+    master_port: int,
+) -> dict[str, str]:
+    """The variables torchrun gives each worker (RANK ... MASTER_PORT), so every launcher starts a rank alike."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_world_size),
+        "GROUP_RANK": str(group_rank),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class RankEnv:
+    """A rank's place in the job, read from the torchrun environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    group_rank: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> RankEnv:
+        missing = [k for k in REQUIRED_ENV if not environ.get(k)]
+        if missing:
+            raise ContractError(f"missing environment variable(s) {', '.join(missing)} (start me with torchrun)")
+        values: dict[str, int] = {}
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+            try:
+                values[key] = int(environ[key])
+            except ValueError:
+                raise ContractError(f"{key}={environ[key]!r} is not an integer") from None
+        world, rank = values["WORLD_SIZE"], values["RANK"]
+        if world < 1 or not 0 <= rank < world:
+            raise ContractError(f"RANK={rank} WORLD_SIZE={world}: expected 0 <= RANK < WORLD_SIZE")
+        try:
+            local_world = int(environ.get("LOCAL_WORLD_SIZE") or 1)
+            group_rank = int(environ.get("GROUP_RANK") or rank)
+        except ValueError:
+            raise ContractError("LOCAL_WORLD_SIZE and GROUP_RANK must be integers") from None
+        if not 0 <= values["LOCAL_RANK"] < max(local_world, values["LOCAL_RANK"] + 1):
+            raise ContractError(f"LOCAL_RANK={values['LOCAL_RANK']}: expected >= 0")
+        return cls(rank, world, values["LOCAL_RANK"], local_world, group_rank, environ["MASTER_ADDR"],
+                   values["MASTER_PORT"])  # fmt: skip
