@@ -4,6 +4,7 @@ It takes the real runner's command line (and ignores it) and misbehaves as $TEST
   crash:R   rank R prints a marker line and exits 3; the other ranks block as if waiting in a collective
   hang      every rank blocks forever (the trial timeout must end it)
   ok        every rank writes a minimal summary.json (rank 0) and exits 0
+  dumpenv   like ok, and every rank first writes its whole environment to env-rank{R}.json in the output directory
 Blocking is a wait on an Event nobody sets: that is the fault under test, not synchronisation.
 """
 
@@ -13,7 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
-from testbed.launch import METRICS  # the summary keys the launcher reads
+from runners.contract import SUMMARY_METRICS  # the summary keys the launcher reads
 
 fault = os.environ.get("TESTBED_FAULT", "ok")
 rank = int(os.environ["RANK"])
@@ -22,7 +23,10 @@ print(f"fault runner rank {rank} pid {os.getpid()} fault {fault}", flush=True)
 if fault.startswith("crash:") and rank == int(fault.split(":")[1]):
     print(f"FAULT-MARKER rank {rank} crashing on purpose", flush=True)
     sys.exit(3)
+if fault == "dumpenv":
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"env-rank{rank}.json").write_text(json.dumps(dict(os.environ)))
 if fault.startswith("crash:") or fault == "hang":
     threading.Event().wait()
 if rank == 0:
-    (out / "summary.json").write_text(json.dumps({m: 1.0 for m in METRICS} | {"env": {"backend": "gloo"}}))
+    (out / "summary.json").write_text(json.dumps({m: 1.0 for m in SUMMARY_METRICS} | {"env": {"backend": "gloo"}}))

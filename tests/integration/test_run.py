@@ -282,3 +282,80 @@ def test_shipped_sweeps_parse():
     for f in files:
         trials = load_sweep_toml(f)
         assert trials and len({t.trial_id for t in trials}) == len(trials)
+
+
+# ---------------------------------------------------------------------------------------- several ranks per host
+def test_two_hosts_two_ranks_each_count_only_inter_host_bytes(make_cluster, testbed_cli, tmp_path):
+    """World size 4 as 2 hosts x 2 ranks (gloo): the row says so, and the shaped veth carries only the inter-host
+    share of the ring (two ranks of a host talk over lo inside their namespace)."""
+    name = make_cluster(2)
+    done = testbed_cli("run", "--name", name, "--bw", "1gbit", "--ranks-per-host", "2", "--model", "mlp",
+                       "--batch-size", "8", "--iters", "3", "--warmup-iters", "1", "--out", str(tmp_path / "res"),
+                       "--json", timeout_s=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    row = json.loads(done.stdout)["row"]
+    assert (row["host_count"], row["ranks_per_host"], row["world_size"], row["dist_backend"]) == (2, 2, 4, "gloo")
+    d = row["payload_bytes_per_iter"]  # fp32 gradient bytes each rank all-reduces
+    # ring all-reduce: every rank sends 2(n-1)/n d = 1.5 d to its right neighbour; of the four hops only 1->2 and
+    # 3->0 leave a host, so a host's veth sends 1.5 d, while its two ranks together send 3 d.
+    assert 1.3 * d < row["wire_tx_bytes_per_iter"] < 2.0 * d, (row["wire_tx_bytes_per_iter"], d)
+    logs = sorted(p.name for p in (tmp_path / "res").rglob("rank*.log"))
+    assert logs == ["rank0.log", "rank1.log", "rank2.log", "rank3.log"]
+
+
+def test_only_allowlisted_and_named_variables_reach_the_ranks(make_cluster, cli_env, tmp_path):
+    name = make_cluster(2)
+    env = dict(cli_env, TB_TEST_SECRET_TOKEN="s3cret-value", NCCL_DEBUG="WARN", CUDA_VISIBLE_DEVICES="5")
+    done = run_cli(env, "run", "--name", name, "--bw", "100mbit", "--out", str(tmp_path / "res"), *FAST,
+                   *FAULT_RUNNER, "--no-probe", "--json", "--env", "TESTBED_FAULT=dumpenv", "--env", "MY_SETTING=42")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+    dumps = sorted((tmp_path / "res").rglob("env-rank*.json"))
+    assert len(dumps) == 2
+    for path in dumps:
+        seen = json.loads(path.read_text())
+        assert "TB_TEST_SECRET_TOKEN" not in seen and "s3cret-value" not in json.dumps(seen)
+        assert seen["MY_SETTING"] == "42" and seen["NCCL_DEBUG"] == "WARN"
+        assert "CUDA_VISIBLE_DEVICES" not in seen  # the controller's never; CPU hosts get none
+        assert seen["GLOO_SOCKET_IFNAME"] == "eth0" and seen["WORLD_SIZE"] == "2"
+        assert "HOME" not in seen
+    row = json.loads(done.stdout)["row"]
+    assert row["user_env_keys"] == "MY_SETTING,TESTBED_FAULT"  # names recorded, values never
+
+
+def test_emulated_gpu_hosts_dry_run_plans_nccl_over_the_shaped_veths(cli_env, testbed_cli, tmp_path, cluster_name):
+    """No GPU here: a stand-in nvidia-smi lists 4 devices, so `up --gpus all` and the NCCL launch plan can be checked
+    up to the point where ranks would start (`run --dry-run` starts nothing)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nprintf '0\\n1\\n2\\n3\\n'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = dict(cli_env, PATH=f"{fake}:{cli_env['PATH']}")
+    up = run_cli(env, "up", "--name", cluster_name, "--hosts", "2", "--gpus", "all", "--json")
+    assert up.returncode == 0, up.stderr
+    assert [h["gpus"] for h in json.loads(up.stdout)["hosts"]] == [[0, 1], [2, 3]]
+    dry = run_cli(env, "run", "--name", cluster_name, "--bw", "9gbit", "--compressor", "powersgd", "--dry-run",
+                  "--env", "WANDB_API_KEY=abc")  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)["plan"]
+    assert (plan["backend"], plan["hosts"], plan["ranks_per_host"], plan["world_size"]) == ("nccl", 2, 2, 4)
+    envs = [r["env"] for r in plan["ranks"]]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0,1", "0,1", "2,3", "2,3"]
+    assert len({e["NCCL_HOSTID"] for e in envs}) == 2
+    assert {e["NCCL_SOCKET_IFNAME"] for e in envs} == {"=eth0"} and {e["NCCL_NET"] for e in envs} == {"Socket"}
+    assert {e["WANDB_API_KEY"] for e in envs} == {"***"} and "abc" not in dry.stdout
+    # nothing was shaped or started by the dry run
+    st = json.loads(run_cli(env, "status", "--name", cluster_name, "--json").stdout)
+    assert all(h["links"]["upload"]["rate_bps"] is None for h in st["hosts"])
+    # refusals, exit 2: more ranks per host than GPUs; nccl on a host without CUDA
+    bad = run_cli(env, "run", "--name", cluster_name, "--bw", "1gbit", "--ranks-per-host", "3", "--world-size", "6",
+                  "--backend", "nccl", "--dry-run")  # fmt: skip
+    assert bad.returncode == 2 and "--ranks-per-host 3: host h0 has 2 GPU(s)" in bad.stderr
+    run_cli(env, "down", "--name", cluster_name)
+    cpu = run_cli(cli_env, "up", "--name", cluster_name, "--hosts", "2")
+    assert cpu.returncode == 0, cpu.stderr
+    bad = run_cli(cli_env, "run", "--name", cluster_name, "--bw", "1gbit", "--backend", "nccl", "--out",
+                  str(tmp_path / "res"))  # fmt: skip
+    assert bad.returncode == 2 and "--backend nccl: host h0 has no CUDA device" in bad.stderr
+    assert not (tmp_path / "res").exists()
+    nogpu = run_cli(cli_env, "up", "--name", cluster_name + "g", "--hosts", "2", "--gpus", "all")
+    assert nogpu.returncode == 2 and "no CUDA device on this machine" in nogpu.stderr
