@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 SYSTEM_PACKAGES := iperf3 iproute2 iputils-ping openssh-server openssh-client ethtool procps kmod
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit test-integration lint sysdeps venv bench clean-cluster
+.PHONY: demo test test-unit test-integration lint sysdeps venv bench clean-cluster gpu-check gpu-wheels
 
 # System packages the tests and the local cluster use. Installed only when missing; needs root and apt.
 sysdeps: $(VENV)/.sysdeps
@@ -41,6 +41,18 @@ lint: venv
 
 bench: sysdeps venv
 	$(BIN)/python bench/shaping_accuracy.py
+
+# GPU check (bench/gpu_check.py): NCCL over sockets between 2 emulated hosts on this machine's GPU(s). Runs with the
+# machine's own python3 and torch (no venv: GPU machines bring their CUDA build); prints "no CUDA device: skipped"
+# where there is none. `make gpu-wheels` first, on a machine with a package registry, for a GPU machine without one.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py
+
+# Pure-Python wheels the controller side needs that a bare GPU machine may lack; bench/gpu_check.py puts them on
+# sys.path. (Carry .gpu-wheels along with the checkout.)
+gpu-wheels: venv
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -d .gpu-wheels 'pyroute2>=0.9.7,<0.10'
 
 # Remove every cluster the testbed made on this machine (also leftovers of crashed runs).
 clean-cluster: venv

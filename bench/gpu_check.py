@@ -1,0 +1,249 @@
+"""GPU check: sync SGD vs PowerSGD over NCCL sockets between 2 emulated hosts on this machine's GPU(s).
+
+    make gpu-check                  # = python3 bench/gpu_check.py (from the repository root)
+    python3 bench/gpu_check.py --rates 1gbit,10gbit --model resnet50 --image-size 224
+
+Runs the product's own path: `LocalCluster.up(..., gpus=...)` (one network namespace per emulated host, its GPU(s),
+its own NCCL host id), `testbed.launch.run_trial` (tc shaping, iperf3 probe, the launch plan, NCCL over sockets on the
+shaped veth) for syncsgd and powersgd (rank 4) at each rate, and an NCCL all-reduce bus bandwidth at each rate. Prints
+Markdown tables for docs/benchmarks.md.
+
+Made for a bare GPU machine: its python3 brings torch (and pandas, pyarrow, psutil, rich); pure-Python wheels the
+controller needs that are missing there (pyroute2) travel in .gpu-wheels/ (`make gpu-wheels`) and are put on sys.path
+here. It first reports whether network namespaces, veth and HTB work; if they do not, it falls back to NCCL over
+loopback sockets, unshaped (each emulated host keeps its own NCCL host id). Without iperf3 the rate is checked with
+the NCCL bus bandwidth alone. Without CUDA it prints "no CUDA device: skipped" and exits 0. Needs root for namespaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), *sorted(glob.glob(str(REPO / ".gpu-wheels" / "*.whl")))]
+
+NAME = "gpuchk"
+
+
+def cuda_facts() -> dict | None:
+    try:
+        import torch
+    except ImportError as e:
+        return {"error": f"torch not importable: {e}"}
+    if not torch.cuda.is_available():
+        return None
+    facts = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": torch.cuda.device_count(),
+             "gpu_name": torch.cuda.get_device_name(0)}  # fmt: skip
+    try:
+        facts["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception as e:  # noqa: BLE001 - reported, not fatal
+        facts["nccl"] = f"unknown ({e})"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.split()  # fmt: skip
+        facts["driver"] = out[0] if out else None
+    return facts
+
+
+def netns_support(name: str) -> tuple[bool, str]:
+    """Can this machine make namespaces joined by veth and shape them with HTB? (what the local cluster needs)"""
+    try:
+        from shaping.plan import LinkShape
+        from testbed.cluster.local import LocalCluster
+
+        cluster, _ = LocalCluster.up(name + "p", 2, shape=LinkShape(1_000_000_000))
+        try:
+            st = cluster.status()
+            rate = st["hosts"][0]["links"]["upload"].get("rate_bps")
+            if rate != 1_000_000_000:
+                return False, f"HTB read back {rate}, not 1gbit"
+        finally:
+            LocalCluster.down(name + "p")
+        return True, "netns, veth, bridge and HTB work"
+    except Exception as e:  # noqa: BLE001 - the finding is the point
+        return False, f"{type(e).__name__}: {e}"
+
+
+class LoopbackCluster:
+    """Fallback when namespaces are not available: 2 'hosts' on 127.0.0.1, NCCL over loopback sockets, unshaped."""
+
+    backend = "local"
+
+    def __init__(self, gpus_per_host: list[list[int]]):
+        from testbed.cluster.base import Host
+
+        self.name = NAME
+        self._hosts = [Host(f"h{i}", "127.0.0.1", "lo", None, gpus=tuple(g), emulated=True)
+                       for i, g in enumerate(gpus_per_host)]  # fmt: skip
+
+    def hosts(self):
+        return list(self._hosts)
+
+    def threads_per_rank(self, ranks_on_machine: int) -> int:
+        return 0
+
+    def rank_out_dir(self, local_dir, trial_id):
+        return local_dir
+
+    def recorded_shape(self):
+        return None
+
+    def apply_shaping(self, shape, hosts=None):
+        raise RuntimeError("no shaping in loopback fallback")
+
+    def clear_shaping(self, hosts=None):
+        return None
+
+    def fetch(self, host, remote_dir, local_dir):
+        return None
+
+    def start(self, host, argv, *, env, log_path, workdir=None):
+        from testbed.cluster.local import LocalRankProcess
+
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(argv, env={"PATH": os.environ.get("PATH", os.defpath), **env}, cwd=workdir,
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)  # fmt: skip
+        return LocalRankProcess(host, popen, log_path)
+
+
+def nccl_busbw(cluster, rate_bps: int | None, size_bytes: int = 256 * 2**20, reps: int = 5) -> float | None:
+    """All-reduce bus bandwidth (bit/s) between the 2 hosts over NCCL sockets at the current shaping."""
+    from runners.contract import torchrun_env
+    from testbed.config import Trial
+    from testbed.launch_plan import backend_env, forwarded_env
+
+    hosts = cluster.hosts()[:2]
+    trial = Trial("syncsgd", rate_bps, 2, backend="nccl", ranks_per_host=1)
+    logs = Path(tempfile.mkdtemp(prefix="busbw-"))
+    procs = []
+    for rank, h in enumerate(hosts):
+        env = {**forwarded_env(os.environ), **backend_env(trial, h, cluster.name), "PYTHONUNBUFFERED": "1",
+               **torchrun_env(rank=rank, world_size=2, local_rank=0, local_world_size=1, group_rank=rank,
+                              master_addr=hosts[0].address, master_port=24000 + (rate_bps or 0) % 997)}  # fmt: skip
+        argv = [sys.executable, str(REPO / "bench" / "allreduce_rank.py"), "--backend", "nccl", "--bytes",
+                str(size_bytes), "--reps", str(reps), "--iface", h.data_iface]  # fmt: skip
+        procs.append(cluster.start(h, argv, env=env, log_path=logs / f"r{rank}.log", workdir=REPO))
+    try:
+        for p in procs:
+            p.wait(240)
+    finally:
+        for p in procs:
+            p.kill_group()
+    lines = [x for x in (logs / "r0.log").read_text().splitlines() if x.startswith("{")]
+    if not lines:
+        print(f"  busbw failed: {(logs / 'r0.log').read_text()[-600:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])["busbw_bps"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="1gbit,10gbit")
+    ap.add_argument("--compressors", default="syncsgd,powersgd")
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--warmup-iters", type=int, default=5)
+    ap.add_argument("--backend", default="nccl", help=argparse.SUPPRESS)  # gloo: the CPU smoke test of this script
+    ap.add_argument("--out", default=None, help="results directory (default: a temporary one)")
+    ap.add_argument("--name", default=NAME, help="cluster name for the emulated hosts (default gpuchk)")
+    args = ap.parse_args()
+    started = time.monotonic()
+
+    facts = cuda_facts() if args.backend == "nccl" else {"backend": "gloo (CPU smoke run)"}
+    if facts is None:
+        print("no CUDA device: skipped")
+        return 0
+    if "error" in facts:
+        print(f"no usable torch: {facts['error']}: skipped")
+        return 0
+    from shaping.units import format_rate, parse_rate_bps
+    from testbed.cluster.local import LocalCluster, assign_gpus
+    from testbed.config import Trial
+    from testbed.launch import run_trial
+    from testbed.results import ResultsStore
+
+    print(f"## GPU check, {dt.date.today().isoformat()}, {platform.node()}\n")
+    print("| fact | value |\n|---|---|")
+    for k, v in facts.items():
+        print(f"| {k} | {v} |")
+    gpus = list(range(facts.get("gpus", 0)))
+    per_host = assign_gpus(gpus, 2)
+    ok, why = netns_support(args.name)
+    print(f"| netns + veth + HTB | {'yes' if ok else 'no'}: {why} |")
+    iperf = shutil.which("iperf3") is not None
+    print(f"| iperf3 | {'yes' if iperf else 'no (rates checked with NCCL busbw only)'} |")
+    print(f"| GPUs per emulated host | {per_host} |\n")
+
+    rates = [parse_rate_bps(r) for r in args.rates.split(",")] if ok else [None]
+    out = Path(args.out or tempfile.mkdtemp(prefix="gpu-check-"))
+    store = ResultsStore(out)
+    rows = []
+    busbw: dict[int | None, float | None] = {}
+    if ok:
+        cluster, _ = LocalCluster.up(args.name, 2, gpus=gpus, recreate=True)
+    else:
+        cluster = LoopbackCluster(per_host)
+    try:
+        for rate in rates:
+            if args.backend == "nccl":
+                if rate is not None:
+                    from shaping.plan import LinkShape
+
+                    cluster.apply_shaping(LinkShape(rate), cluster.hosts())
+                try:
+                    busbw[rate] = nccl_busbw(cluster, rate)
+                finally:
+                    if rate is not None:
+                        cluster.clear_shaping(cluster.hosts())
+            for comp in args.compressors.split(","):
+                trial = Trial(comp, rate, 2, model=args.model, image_size=args.image_size,
+                              batch_size=args.batch_size, iters=args.iters, warmup_iters=args.warmup_iters,
+                              backend=args.backend, ranks_per_host=1, cluster=args.name,
+                              options=(("rank", 4),) if comp in ("powersgd", "acpsgd") else ())  # fmt: skip
+                row = run_trial(cluster, trial, store, timeout_s=300, probe=ok and iperf)
+                rows.append(row)
+                print(f"  {trial.label()}: {row['status']} {row.get('error') or ''}", file=sys.stderr)
+    finally:
+        if ok:
+            LocalCluster.down(args.name)
+
+    print("| rate | compressor | backend | status | ms/iter (p50) | samples/s | wire tx MB/iter/host | "
+          "probe goodput | NCCL busbw | device |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        rate = r["rate_bps"] or None
+        good = r["status"] == "ok"
+        probe = r.get("measured_goodput_bps")
+        bw = busbw.get(rate)
+        print(
+            f"| {format_rate(rate) if rate else 'unshaped (lo)'} | {r['compressor']} | {r.get('dist_backend')} | "
+            f"{r['status']}{': ' + str(r['error'])[:120] if not good else ''} | "
+            f"{r['iter_time_s_p50'] * 1e3:.1f} | {r['samples_per_s']:.1f} | "
+            f"{(r['wire_tx_bytes_per_iter'] or 0) / 1e6:.2f} | "
+            f"{format_rate(probe) if probe else '-'} | {format_rate(bw) if bw else '-'} | {r.get('device_name') or '-'} |"
+            if good
+            else f"| {format_rate(rate) if rate else 'unshaped (lo)'} | {r['compressor']} | - | {r['status']}: "
+            f"{str(r['error'])[:160]} | - | - | - | - | - | - |"
+        )
+    print(f"\n{len(rows)} trials in {time.monotonic() - started:.0f} s; rows in {out}")
+    return 0 if rows and all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
