@@ -51,10 +51,11 @@ class CommStats:
     all-reduce, this rank's contribution for an all-gather.
     """
 
-    __slots__ = ("clock", "intervals", "payload", "collectives", "hook_end", "hook_calls")
+    __slots__ = ("clock", "intervals", "payload", "collectives", "hook_end", "hook_calls", "probe")
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock
+        self.probe = None  # a SkewProbe when the runner measures peer skew (--skew-probe)
         self.reset()
 
     def reset(self) -> None:
@@ -85,6 +86,11 @@ class CommStats:
     def add_payload(self, bucket_index: int, nbytes: int, collectives: int = 1) -> None:
         self.payload[bucket_index] = self.payload.get(bucket_index, 0) + int(nbytes)
         self.collectives += collectives
+
+    def before_collective(self, bucket_index: int) -> None:
+        """Called right before a compressor issues a collective (same order on every rank)."""
+        if self.probe is not None:
+            self.probe.join(bucket_index)
 
     def end_hook(self) -> None:
         self.hook_calls += 1
