@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0)
     p.add_argument("--serial", action="store_true", help="no overlap: no_sync backward, then reduce the buckets")
+    p.add_argument("--overlap", choices=("on", "off"), default="on",
+                   help="on: compressor hooks return un-waited futures (communication overlaps backward); "
+                   "off: every collective is waited inside the hook (blocking)")
     p.add_argument("--no-timing", action="store_true", help="per-phase timers off (phases recorded as null)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--out", required=True, help="output directory")
@@ -114,7 +117,7 @@ def validate(argv):
         if not sep or not key:
             raise InputError(f"--opt {item!r} is not KEY=VALUE")
         options[key] = parse_value(value)
-    state, hook = compressors.get(args.compressor, **options)  # ValueError for bad names/options
+    state, hook = compressors.get(args.compressor, overlap=args.overlap == "on", **options)  # ValueError if bad
     missing = [k for k in REQUIRED_ENV if not os.environ.get(k)]
     if missing:
         raise InputError(f"missing environment variable(s) {', '.join(missing)} (start me with torchrun)")
@@ -207,6 +210,7 @@ def run(args, env, options, backend, state, hook) -> int:
     try:
         code = _train(args, env, options, backend, state, hook, device, psutil, torch, dist, DDP, compressors,
                       BucketRecorder, serial_reduce, build, Clock)  # fmt: skip
+        state.close()  # powersgd's communication worker: idle (DDP waited for every bucket), stop and join it
         # Leave together: a gloo rank that tears its pairs down while a peer still talks to it can abort
         # ("terminate called without an active exception", seen with mstopk on 2 ranks).
         dist.barrier()
@@ -358,7 +362,7 @@ def _phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
     tail_start = min(max(tail_start, 0.0), bwd_wall)
     tail = bwd_wall - tail_start
     encode = comm_in = decode_in = 0.0
-    decode_tail = 0.0
+    encode_tail = decode_tail = 0.0
     for phase, _index, a, b, critical in stats.intervals_with_kind():
         dt = sec(a, b)
         if critical:
@@ -368,12 +372,18 @@ def _phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
                 comm_in += dt
             else:
                 decode_in += dt
-        elif sec(t1, a) >= tail_start:  # async decode during the tail: exposed
-            decode_tail += min(dt, tail)
-    decode_tail = min(decode_tail, tail)
-    comm = comm_in + tail - decode_tail
-    decode = decode_in + decode_tail
+        elif sec(t1, a) >= tail_start:  # callback / comm-worker work during the tail: exposed
+            if phase == "encode":  # powersgd's work between its rounds, on the worker
+                encode_tail += min(dt, tail)
+            elif phase == "decode":
+                decode_tail += min(dt, tail)
+            # a worker's comm waits during the tail are the tail itself
+    encode_tail = min(encode_tail, tail)
+    decode_tail = min(decode_tail, tail - encode_tail)
+    comm = comm_in + tail - encode_tail - decode_tail
     backward = max(0.0, bwd_wall - encode - comm_in - decode_in - tail)
+    encode += encode_tail
+    decode = decode_in + decode_tail
     return _pack(forward, backward, encode, comm, decode, optimizer)
 
 
