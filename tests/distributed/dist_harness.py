@@ -46,8 +46,14 @@ def _entry(fn, rank, world, store_path, out_dir, args, collective_timeout_s=COLL
         raise SystemExit(1) from None
 
 
-def run_world(fn, world: int, *args, timeout_s: float = 120.0, collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
-              env: dict | None = None) -> list:
+def run_world(
+    fn,
+    world: int,
+    *args,
+    timeout_s: float = 120.0,
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    env: dict | None = None,
+) -> list:
     """``fn(rank, world, *args)`` on ``world`` ranks; returns the per-rank results (picklable) in rank order.
     ``env`` is set in each rank before torch is imported (e.g. TORCH_DISTRIBUTED_DEBUG)."""
     ctx = mp.get_context("spawn")
