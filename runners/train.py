@@ -16,6 +16,9 @@ Phases (seconds, per iteration, all are *exposed* time on the training critical 
   decode_s     compressor decode on the critical path (inside hooks, or in a future callback that ran during the
                tail); decode that ran in a callback while backward was still computing is hidden and not counted.
   optimizer_s  optimizer step + zero_grad.
+Not a phase: ``peer_wait_s`` (``--skew-probe`` only, else null): summed over this rank's collectives, how long it
+was at the collective before the slowest peer joined (skew from uneven encode or compute, not wire time); it is
+part of whatever comm_s shows when exposed.
 In ``--serial`` mode backward runs under ``no_sync()`` (pure compute) and the buckets are then reduced by the same
 hook, so backward_s is the full compute and comm_s = reduction wall time - encode_s - decode_s.
 """
@@ -34,7 +37,7 @@ from datetime import timedelta
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 RECORD_KEYS = (
     "rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
-    "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes",
+    "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes", "peer_wait_s",
 )  # fmt: skip
 PHASES = ("forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s")
 
@@ -74,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", choices=("on", "off"), default="on",
                    help="on: compressor hooks return un-waited futures (communication overlaps backward); "
                    "off: every collective is waited inside the hook (blocking)")
+    p.add_argument("--skew-probe", action="store_true",
+                   help="measure peer skew per collective (peer_wait_s): one extra tiny all-gather per collective, "
+                   "on its own process group")
     p.add_argument("--no-timing", action="store_true", help="per-phase timers off (phases recorded as null)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--out", required=True, help="output directory")
@@ -240,6 +246,13 @@ def _train(args, env, options, backend, state, hook, device, psutil, torch, dist
     else:
         compressors.attach(model, state, hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    probe = None
+    if args.skew_probe and not getattr(state, "builtin", False):  # builtin syncsgd has no hook to probe
+        from runners.timing import SkewProbe, estimate_offsets
+
+        probe_group = dist.new_group()
+        offsets = estimate_offsets(probe_group, world, device=device)
+        probe = state.stats.probe = SkewProbe(probe_group, world, rank, offsets, device=device)
 
     # last-gradient marks: the end of backward compute (normal mode, timing on)
     last_grad = [None]
@@ -292,6 +305,7 @@ def _train(args, env, options, backend, state, hook, device, psutil, torch, dist
         it1 = iter_clock.now()
         iter_clock.synchronize()
         w1 = wire()
+        peer_wait = probe.collect() if probe is not None else None
         if not measured:
             continue
         iter_time = iter_clock.seconds(it0, it1)
@@ -307,6 +321,7 @@ def _train(args, env, options, backend, state, hook, device, psutil, torch, dist
             "payload_bytes": int(payload),
             "wire_tx_bytes": (w1[0] - w0[0]) if w0 and w1 else None,
             "wire_rx_bytes": (w1[1] - w0[1]) if w0 and w1 else None,
+            "peer_wait_s": peer_wait,
         })  # fmt: skip
         records.append({k: rec[k] for k in RECORD_KEYS})
 
@@ -320,6 +335,7 @@ def _train(args, env, options, backend, state, hook, device, psutil, torch, dist
         "payload_bytes": _mean([r["payload_bytes"] for r in records]),
         "wire_tx_bytes": _mean([r["wire_tx_bytes"] for r in records]),
         "wire_rx_bytes": _mean([r["wire_rx_bytes"] for r in records]),
+        "peer_wait_s": _mean([r["peer_wait_s"] for r in records]),
     }
     gathered = [None] * world
     dist.all_gather_object(gathered, local)
@@ -420,6 +436,7 @@ def _summary(args, env, options, backend, device, world, warmup, state, gathered
         "payload_bytes_per_iter": _mean([g["payload_bytes"] for g in gathered]),
         "wire_tx_bytes_per_iter": _mean([g["wire_tx_bytes"] for g in gathered]),
         "wire_rx_bytes_per_iter": _mean([g["wire_rx_bytes"] for g in gathered]),
+        "peer_wait_s": _mean([g["peer_wait_s"] for g in gathered]),  # null without --skew-probe
         "warmup_iters_used": warmup,
         "measured_iters": n_iters,
     }
