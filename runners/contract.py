@@ -33,6 +33,7 @@ SUMMARY_METRICS = (
     "payload_bytes_per_iter",
     "wire_tx_bytes_per_iter",
     "wire_rx_bytes_per_iter",
+    "peer_wait_s",  # null unless --skew-probe
 )
 
 # What summary.json's "env" says about the software and hardware a trial ran on (results columns of the same name).
@@ -45,6 +46,9 @@ SUMMARY_ENV_KEYS = (
     "nccl_version",
     "driver_version",
 )
+
+
+FLAG_FIELDS = ("serial", "skew_probe", "no_timing")  # switches present or absent on the command line
 
 
 class ContractError(ValueError):
@@ -76,7 +80,7 @@ def parse_value(text: str) -> Any:
 @dataclasses.dataclass(frozen=True)
 class RankArgs:
     """Everything a rank is told on its command line. Field names are the flags (``bucket_cap_mb`` ->
-    ``--bucket-cap-mb``); booleans are on/off switches except ``serial`` and ``no_timing`` (present or absent)."""
+    ``--bucket-cap-mb``); ``overlap`` is on|off, the other booleans are switches (FLAG_FIELDS, present or absent)."""
 
     model: str
     out: str
@@ -95,6 +99,7 @@ class RankArgs:
     bucket_cap_mb: float = 25.0
     serial: bool = False
     overlap: bool = True
+    skew_probe: bool = False
     no_timing: bool = False
     threads: int = 0
 
@@ -111,6 +116,8 @@ class RankArgs:
         "timeout_s": "collective timeout",
         "serial": "no overlap: no_sync backward, then reduce the buckets",
         "overlap": "on: hooks return un-waited futures (communication overlaps backward); off: hooks block",
+        "skew_probe": "measure peer skew per collective (peer_wait_s): one extra tiny all-gather per collective, "
+        "on its own process group",
         "no_timing": "per-phase timers off (phases recorded as null)",
         "threads": "torch intra-op threads (0: torch's default)",
     }
@@ -129,7 +136,7 @@ class RankArgs:
             if f.name == "options":
                 for key, v in value:
                     argv += ["--opt", f"{key}={json.dumps(v)}"]
-            elif f.name in ("serial", "no_timing"):
+            elif f.name in FLAG_FIELDS:
                 if value:
                     argv.append(flag)
             elif f.name == "overlap":
@@ -147,7 +154,7 @@ class RankArgs:
             if f.name == "options":
                 p.add_argument("--opt", dest="options", action="append", default=[], metavar="KEY=VALUE",
                                help="compressor option (repeatable), e.g. --opt rank=4 --opt ratio=0.01")  # fmt: skip
-            elif f.name in ("serial", "no_timing"):
+            elif f.name in FLAG_FIELDS:
                 p.add_argument(flag, action="store_true", help=helptext)
             elif f.name == "overlap":
                 p.add_argument(flag, type=_on_off, default=True, metavar="on|off", help=helptext)

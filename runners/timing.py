@@ -51,10 +51,11 @@ class CommStats:
     all-reduce, this rank's contribution for an all-gather.
     """
 
-    __slots__ = ("clock", "intervals", "payload", "collectives", "hook_end", "hook_calls")
+    __slots__ = ("clock", "intervals", "payload", "collectives", "hook_end", "hook_calls", "probe")
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock
+        self.probe = None  # a SkewProbe when the runner measures peer skew (--skew-probe)
         self.reset()
 
     def reset(self) -> None:
@@ -86,6 +87,11 @@ class CommStats:
         self.payload[bucket_index] = self.payload.get(bucket_index, 0) + int(nbytes)
         self.collectives += collectives
 
+    def before_collective(self, bucket_index: int) -> None:
+        """Called right before a compressor issues a collective (same order on every rank)."""
+        if self.probe is not None:
+            self.probe.join(bucket_index)
+
     def end_hook(self) -> None:
         self.hook_calls += 1
         if self.clock is not None:
@@ -111,3 +117,59 @@ class CommStats:
         totals["collectives"] = self.collectives
         totals["per_bucket"] = per_bucket
         return totals
+
+
+class SkewProbe:
+    """Peer skew (``--skew-probe``): how long this rank's collectives waited for the slowest peer to join.
+
+    Right before every collective a compressor issues (``CommStats.before_collective``, same order on every rank),
+    this rank's wall clock is all-gathered, un-waited, on a process group of its own (one 8-byte-per-rank collective
+    extra per collective; hence opt-in). ``collect()`` (once per iteration, after backward) waits for them and sums,
+    per collective, ``max_j (t_j - offset_j) - (t_self - offset_self)`` clipped at 0: the time this rank was at the
+    collective before the last peer arrived. ``offsets`` (seconds, per rank) correct clocks of different hosts;
+    ``estimate_offsets`` measures them once at start (error about one small-message latency; ~0 on one host).
+    """
+
+    def __init__(self, group, world: int, rank: int, offsets=None, device: torch.device | str = "cpu") -> None:
+        self.group = group
+        self.world = world
+        self.rank = rank
+        self.device = torch.device(device)
+        self.offsets = torch.tensor(offsets if offsets is not None else [0.0] * world, dtype=torch.float64)
+        self.pending: list = []
+
+    def join(self, bucket_index: int) -> None:
+        import torch.distributed as dist
+
+        t = time.time()
+        mine = torch.tensor([t], dtype=torch.float64, device=self.device)
+        out = torch.empty(self.world, dtype=torch.float64, device=self.device)
+        work = dist.all_gather_into_tensor(out, mine, group=self.group, async_op=True)
+        self.pending.append((out, work))
+
+    def collect(self) -> float:
+        """Sum of this rank's waits for its peers over the collectives since the last call (seconds)."""
+        total = 0.0
+        for out, work in self.pending:
+            work.wait()
+            ts = out.cpu() - self.offsets
+            total += max(0.0, float(ts.max() - ts[self.rank]))
+        self.pending = []
+        return total
+
+
+def estimate_offsets(group, world: int, rounds: int = 5, device: torch.device | str = "cpu") -> list[float]:
+    """Each rank's wall-clock offset from rank 0's (seconds): after a barrier every rank samples its clock and the
+    samples are all-gathered; the median over ``rounds``. Call on every rank."""
+    import statistics
+
+    import torch.distributed as dist
+
+    samples = []
+    for _ in range(rounds):
+        dist.barrier(group=group)
+        mine = torch.tensor([time.time()], dtype=torch.float64, device=torch.device(device))
+        out = torch.empty(world, dtype=torch.float64, device=torch.device(device))
+        dist.all_gather_into_tensor(out, mine, group=group)
+        samples.append((out.cpu() - out.cpu()[0]).tolist())
+    return [statistics.median(s[j] for s in samples) for j in range(world)]

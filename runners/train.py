@@ -16,6 +16,9 @@ Phases (seconds, per iteration, all are *exposed* time on the training critical 
   decode_s     compressor decode on the critical path (inside hooks, or in a future callback that ran during the
                tail); decode that ran in a callback while backward was still computing is hidden and not counted.
   optimizer_s  optimizer step + zero_grad.
+Not a phase: ``peer_wait_s`` (``--skew-probe`` only, else null): summed over this rank's collectives, how long it
+was at the collective before the slowest peer joined (skew from uneven encode or compute, not wire time); it is
+part of whatever comm_s shows when exposed.
 In ``--serial`` mode backward runs under ``no_sync()`` (pure compute) and the buckets are then reduced by the same
 hook, so backward_s is the full compute and comm_s = reduction wall time - encode_s - decode_s.
 """
@@ -36,7 +39,7 @@ from runners.contract import ContractError, RankArgs, RankEnv
 
 RECORD_KEYS = (
     "rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
-    "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes",
+    "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes", "peer_wait_s",
 )  # fmt: skip
 PHASES = ("forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s")
 
@@ -70,7 +73,7 @@ def validate(argv) -> Job:
     args = RankArgs.from_argv(argv)
     if args.model not in MODELS:
         raise InputError(f"unknown model {args.model!r}; valid: {', '.join(MODELS)}")
-    state, hook = compressors.get(args.compressor, **args.option_dict)  # ValueError for bad names/options
+    state, hook = compressors.get(args.compressor, overlap=args.overlap, **args.option_dict)  # ValueError if bad
     env = RankEnv.from_environ(os.environ)
     import torch
 
@@ -150,6 +153,7 @@ def run(job: Job) -> int:
                             device_id=device if device.type == "cuda" else None)  # fmt: skip
     try:
         code = _train(job, device)
+        job.state.close()  # powersgd's communication worker: idle (DDP waited for every bucket), stop and join it
         # Leave together: a gloo rank that tears its pairs down while a peer still talks to it can abort
         # ("terminate called without an active exception", seen with mstopk on 2 ranks).
         dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
@@ -189,6 +193,13 @@ def _train(job: Job, device) -> int:
     else:
         compressors.attach(model, state, hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    probe = None
+    if args.skew_probe and not getattr(state, "builtin", False):  # builtin syncsgd has no hook to probe
+        from runners.timing import SkewProbe, estimate_offsets
+
+        probe_group = dist.new_group()
+        offsets = estimate_offsets(probe_group, world, device=device)
+        probe = state.stats.probe = SkewProbe(probe_group, world, rank, offsets, device=device)
 
     # last-gradient marks: the end of backward compute (normal mode, timing on)
     last_grad = [None]
@@ -241,6 +252,7 @@ def _train(job: Job, device) -> int:
         it1 = iter_clock.now()
         iter_clock.synchronize()
         w1 = wire()
+        peer_wait = probe.collect() if probe is not None else None
         if not measured:
             continue
         iter_time = iter_clock.seconds(it0, it1)
@@ -256,6 +268,7 @@ def _train(job: Job, device) -> int:
             "payload_bytes": int(payload),
             "wire_tx_bytes": (w1[0] - w0[0]) if w0 and w1 else None,
             "wire_rx_bytes": (w1[1] - w0[1]) if w0 and w1 else None,
+            "peer_wait_s": peer_wait,
         })  # fmt: skip
         records.append({k: rec[k] for k in RECORD_KEYS})
 
@@ -269,6 +282,7 @@ def _train(job: Job, device) -> int:
         "payload_bytes": _mean([r["payload_bytes"] for r in records]),
         "wire_tx_bytes": _mean([r["wire_tx_bytes"] for r in records]),
         "wire_rx_bytes": _mean([r["wire_rx_bytes"] for r in records]),
+        "peer_wait_s": _mean([r["peer_wait_s"] for r in records]),
     }
     gathered = [None] * world
     dist.all_gather_object(gathered, local)
@@ -311,7 +325,7 @@ def _phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
     tail_start = min(max(tail_start, 0.0), bwd_wall)
     tail = bwd_wall - tail_start
     encode = comm_in = decode_in = 0.0
-    decode_tail = 0.0
+    encode_tail = decode_tail = 0.0
     for phase, _index, a, b, critical in stats.intervals_with_kind():
         dt = sec(a, b)
         if critical:
@@ -321,12 +335,18 @@ def _phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
                 comm_in += dt
             else:
                 decode_in += dt
-        elif sec(t1, a) >= tail_start:  # async decode during the tail: exposed
-            decode_tail += min(dt, tail)
-    decode_tail = min(decode_tail, tail)
-    comm = comm_in + tail - decode_tail
-    decode = decode_in + decode_tail
+        elif sec(t1, a) >= tail_start:  # callback / comm-worker work during the tail: exposed
+            if phase == "encode":  # powersgd's work between its rounds, on the worker
+                encode_tail += min(dt, tail)
+            elif phase == "decode":
+                decode_tail += min(dt, tail)
+            # a worker's comm waits during the tail are the tail itself
+    encode_tail = min(encode_tail, tail)
+    decode_tail = min(decode_tail, tail - encode_tail)
+    comm = comm_in + tail - encode_tail - decode_tail
     backward = max(0.0, bwd_wall - encode - comm_in - decode_in - tail)
+    encode += encode_tail
+    decode = decode_in + decode_tail
     return _pack(forward, backward, encode, comm, decode, optimizer)
 
 
@@ -365,6 +385,7 @@ def _summary(job: Job, device, warmup: int, gathered: list, wire_if: str | None)
         "payload_bytes_per_iter": _mean([g["payload_bytes"] for g in gathered]),
         "wire_tx_bytes_per_iter": _mean([g["wire_tx_bytes"] for g in gathered]),
         "wire_rx_bytes_per_iter": _mean([g["wire_rx_bytes"] for g in gathered]),
+        "peer_wait_s": _mean([g["peer_wait_s"] for g in gathered]),  # null without --skew-probe
         "warmup_iters_used": warmup,
         "measured_iters": n_iters,
     }

@@ -63,6 +63,7 @@ class Trial:
     bucket_cap_mb: float = 25.0
     serial: bool = False
     overlap: bool = True  # hooks return un-waited futures (communication overlaps backward); off: hooks block
+    skew_probe: bool = False  # measure per-collective peer skew (peer_wait_s) with one tiny extra all-gather each
     options: tuple[tuple[str, Any], ...] = ()  # compressor options, sorted (key, value) pairs
     cluster: str = "tb"
     runner: str = DEFAULT_RUNNER
@@ -207,6 +208,7 @@ SWEEP_KEYS = {
     "bucket_cap_mb": "a number",
     "serial": "true or false",
     "overlap": "true or false",
+    "skew_probe": "true or false",
     "backend": '"auto", "gloo" or "nccl"',
     "ranks_per_host": "an integer (torchrun's nproc-per-node)",
     "intra_host": '"p2p" or "socket"',
@@ -298,6 +300,7 @@ def load_sweep_toml(path: str | Path, **overrides: Any) -> list[Trial]:
         ("bucket_cap_mb", float),
         ("serial", bool),
         ("overlap", bool),
+        ("skew_probe", bool),
         ("backend", str),
         ("ranks_per_host", int),
         ("intra_host", str),

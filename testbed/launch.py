@@ -210,6 +210,7 @@ def base_row(cluster, trial: Trial, started: dt.datetime, plan: launch_plan.Laun
         "seed": trial.seed,
         "serial": trial.serial,
         "overlap": trial.overlap,
+        "skew_probe": trial.skew_probe,
         "bucket_cap_mb": trial.bucket_cap_mb,
         "python_version": platform.python_version(),
         "kernel": platform.release(),

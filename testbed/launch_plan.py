@@ -209,6 +209,7 @@ def plan(
             bucket_cap_mb=trial.bucket_cap_mb,
             serial=trial.serial,
             overlap=trial.overlap,
+            skew_probe=trial.skew_probe,
             threads=threads,
         )
         host_env = {**base, **backend_env(trial, host, cluster_name)}

@@ -11,14 +11,21 @@ The model (docs/performance-model.md has the derivation and where it breaks):
    A compressor with r dependent rounds pays the latency term r times; its `payload_bytes` is the total of all rounds.
 2. One iteration = forward + backward-with-communication + optimizer.  Buckets become ready during the backward
    pass at `ready_at_s` (measured without communication), in DDP reduction order.
-   - Overlapped (DDP's own all-reduce, or a hook that issues one collective and returns its future un-waited):
-     the hook body (encode) runs on the backward thread, so encode delays backward; the collective starts when the
-     bucket is encoded *and* the link is free; decode runs in the future's callback when the data arrives.
-     The backward phase ends when both the (delayed) backward and the last decode are done.
-   - Blocking (`hook_blocks_backward=True`, the default for this project's multi-step compressor hooks, which
-     wait for their collectives inside the hook so every rank issues them in the same order): the backward stream
-     stalls for encode + communication + decode of each bucket, so those add up in series with backward compute.
-   `syncsgd` (DDP's built-in all-reduce), `fp16` and `bf16` (one un-waited all-reduce) are always overlapped.
+   - Overlapped (the runner's default `--overlap on`: DDP's own all-reduce, the single-collective hooks that return
+     their collective's future with decode chained, and powersgd's ordered communication worker): communication
+     hides behind the remaining backward like syncsgd's, while encode and decode stay on the compute path.
+     One compute resource runs, in this order: backward compute up to bucket i's `ready_at_s`, bucket i's encode
+     (the hook), and any decode whose data has arrived (a callback interrupts backward when its data lands):
+         hook_i  = (compute cursor after backward up to ready_i and the decodes that landed before) ; enc_i after it
+         comm_start_i = max(hook_i + enc_i, link_free) ;  link_free = comm_end_i = comm_start_i + T_comm(i)
+         dec_i runs at max(comm_end_i, compute cursor) for decode_s_i and pushes the rest of backward back by it.
+     The backward phase ends when the backward compute and the last decode are done. A multi-round compressor's
+     work between its rounds (powersgd: orthogonalise, Q = M^T P) is part of its profiled encode, charged to the
+     hook: an upper bound on the compute-path cost.
+   - Blocking (`hook_blocks_backward=True`, the runner's `--overlap off`: every collective is waited inside the
+     hook): the backward stream stalls for encode + communication + decode of each bucket, so those add up in
+     series with backward compute:  end_i = max(ready_i + stall, end_{i-1}) + enc_i + T_comm(i) + dec_i.
+   `syncsgd` (DDP's built-in all-reduce, no hook) is always overlapped.
 3. World size 1: no gradient exchange, so no communication and no encode/decode.
 """
 
@@ -36,9 +43,9 @@ from testbed.errors import InputError
 PROFILE_SCHEMA = "testbed.profile/1"
 COMPRESSORS = ("syncsgd", "fp16", "bf16", "powersgd", "acpsgd", "signsgd", "topk", "mstopk")
 COLLECTIVES = ("allreduce", "allgather")
-# Compressors whose hook issues one collective and returns it un-waited (runners/compressors: syncsgd is DDP's
-# built-in all-reduce, fp16/bf16 cast and all-reduce asynchronously): always overlapped with backward.
-ASYNC_COMPRESSORS = frozenset({"syncsgd", "fp16", "bf16"})
+# Compressors that overlap whatever the runner's --overlap says: syncsgd is DDP's built-in all-reduce (no hook).
+# With --overlap off every hook (fp16 and bf16 too) waits inside the hook.
+ASYNC_COMPRESSORS = frozenset({"syncsgd"})
 BASELINES = ("syncsgd", "fp16", "bf16")
 
 
@@ -379,9 +386,10 @@ def collective_time_s(collective: str, n_bytes: float, rounds: int, net: Network
 
 # --------------------------------------------------------------------------------------------- iteration model
 def predict_iteration(
-    profile: Profile, compressor: str, net: Network, *, hook_blocks_backward: bool = True
+    profile: Profile, compressor: str, net: Network, *, hook_blocks_backward: bool = False
 ) -> Prediction:
-    """Predicted time of one training iteration with `compressor` on `net` (see the module docstring)."""
+    """Predicted time of one training iteration with `compressor` on `net` (see the module docstring).
+    `hook_blocks_backward` True models the runner's `--overlap off`; False (default) its `--overlap on`."""
     comp = profile.compressor(compressor)
     f, bw, opt = profile.forward_s, profile.backward_s, profile.optimizer_s
     p = net.world_size
@@ -424,20 +432,38 @@ def predict_iteration(
             enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
         backward_end = max(bw + stall, end)
     else:
-        stall = link_free = last_done = 0.0  # stall: encode time spent on the backward thread so far
+        now = prev_ready = link_free = 0.0  # now: the compute cursor (backward + encode + landed decodes)
+        pending: list[tuple[float, float, int]] = []  # (comm_end, decode_s, position in timeline), link order
+        done_at: dict[int, float] = {}
+
+        def run_backward(now: float, compute_s: float) -> float:
+            """Backward compute of `compute_s`, interrupted by every decode that lands before it is through."""
+            while pending and pending[0][0] <= now + compute_s:
+                avail, dec, pos = pending.pop(0)
+                start = max(avail, now)
+                compute_s -= start - now
+                now = start + dec
+                done_at[pos] = now
+            return now + compute_s
+
         for g in profile.buckets:
             c = codec[g.index]
             comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net)
-            start = g.ready_at_s + stall
-            enc_end = start + c.encode_s
-            stall += c.encode_s
-            comm_start = max(enc_end, link_free)
+            now = run_backward(now, max(0.0, g.ready_at_s - prev_ready))
+            prev_ready = max(prev_ready, g.ready_at_s)
+            start = now
+            now += c.encode_s
+            comm_start = max(now, link_free)
             link_free = comm_start + comm
-            done = link_free + c.decode_s
-            last_done = max(last_done, done)
-            timeline.append(BucketTimeline(g.index, start, comm_start, link_free, done))
+            pending.append((link_free, c.decode_s, len(timeline)))
+            timeline.append(BucketTimeline(g.index, start, comm_start, link_free, link_free + c.decode_s))
             enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
-        backward_end = max(bw + stall, last_done)
+        now = run_backward(now, max(0.0, bw - prev_ready))
+        for avail, dec, pos in pending:  # decodes after backward compute, in arrival order
+            now = max(now, avail) + dec
+            done_at[pos] = now
+        timeline = [replace(t, done_s=done_at[i]) for i, t in enumerate(timeline)]
+        backward_end = now
     return result(f + backward_end + opt, enc_total, comm_total, dec_total, tuple(timeline))
 
 
@@ -449,7 +475,7 @@ def predict_curves(
     compressors: Sequence[str] | None = None,
     latency_s: float = 0.0,
     efficiency: float = 1.0,
-    hook_blocks_backward: bool = True,
+    hook_blocks_backward: bool = False,
 ) -> dict[str, list[Prediction]]:
     """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth."""
     names = list(compressors) if compressors else profile.compressor_names()
@@ -526,7 +552,7 @@ def crossover(
     baseline: str = "syncsgd",
     latency_s: float = 0.0,
     efficiency: float = 1.0,
-    hook_blocks_backward: bool = True,
+    hook_blocks_backward: bool = False,
     points: int = 64,
 ) -> Crossover:
     """Bandwidth B* in [low, high] where `compressor`'s predicted iteration time equals `baseline`'s."""
@@ -560,7 +586,7 @@ def summarize(
     compressors: Sequence[str] | None = None,
     latency_s: float = 0.0,
     efficiency: float = 1.0,
-    hook_blocks_backward: bool = True,
+    hook_blocks_backward: bool = False,
 ) -> dict[str, SpeedupSummary]:
     """Best speedup over `baseline` in the range, and the crossover, per compressor."""
     names = list(compressors) if compressors else profile.compressor_names()

@@ -51,6 +51,8 @@ def add_trial_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runner-module", default="runners.train", help=argparse.SUPPRESS)
     p.add_argument("--overlap", type=_on_off, default=True, metavar="on|off",
                    help="on (default): compressor hooks overlap backward; off: hooks block (Agarwal et al.'s serial)")
+    p.add_argument("--skew-probe", action="store_true", help="record per-collective peer skew (peer_wait_s), "
+                   "apart from comm_s; costs one tiny all-gather per collective")
     g = p.add_argument_group("placement and collectives (GPU hosts: NCCL over sockets)")
     g.add_argument("--backend", default="auto", help="auto (default: nccl when every host used has CUDA), nccl, gloo")
     g.add_argument("--ranks-per-host", type=int, help="torchrun's nproc-per-node (default: the hosts' GPUs, else 1)")
@@ -83,6 +85,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         bucket_cap_mb=args.bucket_cap_mb,
         serial=args.serial,
         overlap=args.overlap,
+        skew_probe=args.skew_probe,
         backend=args.backend,
         ranks_per_host=args.ranks_per_host,
         intra_host=args.intra_host,

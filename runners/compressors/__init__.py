@@ -5,7 +5,8 @@
 Bad or inapplicable options raise a one-line ``ValueError`` naming the value and what is accepted.
 Each state exposes ``warmup_iters`` (iterations before every step is compressed), ``stats`` (a
 ``runners.timing.CommStats`` the runner reads and resets each iteration), ``state_dict()``/``load_state_dict()``,
-and the class attributes ``COLLECTIVE`` ("allreduce"|"allgather") and ``ROUNDS`` (dependent collectives per step).
+and the class attributes ``COLLECTIVE`` ("allreduce"|"allgather") and ``ROUNDS`` (dependent collectives per step),
+``overlap`` (bool) and ``close()`` (stops powersgd's communication worker; call it before destroying the group).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ def _check_name(name: str) -> None:
         raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(_MODULES)}")
 
 
-def get(name: str, process_group=None, **options):
-    """Build compressor ``name``: returns ``(state, hook)``. ``process_group`` None means the default group."""
+def get(name: str, process_group=None, overlap: bool = True, **options):
+    """Build compressor ``name``: returns ``(state, hook)``. ``process_group`` None means the default group.
+    ``overlap`` False: every collective is waited inside the hook (no overlap with backward); True: the hook
+    returns un-waited (see base.py). Bitwise the same result either way."""
     _check_name(name)
     mod = _MODULES[name]
     accepted = mod.STATE.HYPERPARAMS
@@ -52,7 +55,11 @@ def get(name: str, process_group=None, **options):
             raise ValueError(
                 f"option {key!r} does not apply to {name}; {name} accepts: {', '.join(accepted) or 'no options'}"
             )
-    return mod.STATE(process_group=process_group, **options), mod.HOOK
+    if not isinstance(overlap, bool):
+        raise ValueError(f"overlap {overlap!r} is not accepted: expected true or false")
+    state = mod.STATE(process_group=process_group, **options)
+    state.overlap = overlap
+    return state, mod.HOOK
 
 
 def attach(ddp_model, state: CompressorState, hook) -> None:

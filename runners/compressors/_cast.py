@@ -1,11 +1,10 @@
-"""Shared code of fp16 and bf16: cast, all-reduce, cast back."""
+"""Shared code of fp16 and bf16: cast, divide, all-reduce, cast back (PyTorch's fp16/bf16_compress_hook)."""
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from runners.compressors.base import CompressorState
+from runners.compressors.base import CompressorState, allreduce_then
 
 
 class CastState(CompressorState):
@@ -17,25 +16,18 @@ class CastState(CompressorState):
 
 
 def cast_hook(state: CastState, bucket) -> torch.futures.Future:
-    """1. encode: divide by the world size (avoids overflow) and cast to the 16-bit type;
-    2. all-reduce (sum) un-waited; 3. decode (in the future's callback): cast back into the fp32 bucket buffer.
-    One collective per bucket, issued in the hook: order is safe and DDP's overlap is kept."""
+    """1. encode: cast to the 16-bit type, then divide by the world size in 16 bits (as PyTorch does: no full-size
+    fp32 temporary); 2. all-reduce (sum) issued in the hook; 3. decode: copy (cast) back into the fp32 bucket.
+    One collective per bucket, issued in the hook: order is safe; with overlap on the decode is chained on the
+    collective's future and DDP's overlap is kept, with overlap off the hook waits."""
     buf = bucket.buffer()
     index = bucket.index()
     stats = state.stats
     stats.bind(buf.device)
     t = stats.start()
-    low = buf.div(state.world_size).to(state.DTYPE)
+    low = buf.to(state.DTYPE).div_(state.world_size)
     stats.stop("encode", index, t)
-    stats.add_payload(index, low.numel() * low.element_size())
-    fut = dist.all_reduce(low, group=state.process_group, async_op=True).get_future()
+    fut = allreduce_then(state, low, index, buf.copy_)
     state.maybe_increase_iter(bucket)
     stats.end_hook()
-
-    def decode(f):
-        t2 = stats.start()
-        out = buf.copy_(f.value()[0])
-        stats.stop("decode", index, t2, critical=False)
-        return out
-
-    return fut.then(decode)
+    return fut

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from runners.compressors.base import CompressorState, allgather_wait, completed_future, start_error_feedback_hook
+from runners.compressors.base import CompressorState, allgather_then, start_error_feedback_hook
 
 
 class SparseState(CompressorState):
@@ -31,7 +31,8 @@ class SparseState(CompressorState):
 
 def sparse_hook(state: SparseState, bucket) -> torch.futures.Future:
     """1. v = bucket + E; 2. pick k indices (``state.select``); 3. E = v with the picked entries zeroed;
-    4. ONE all-gather of [values (fp32) | indices (int32 bits)], waited inside the hook;
+    4. ONE all-gather of [values (fp32) | indices (int32 bits)], issued in the hook (overlap on: un-waited, decode
+       chained; off: waited in the hook);
     5. decode: scatter-add every rank's values, divide by n."""
     buf = bucket.buffer()
     index = bucket.index()
@@ -57,14 +58,15 @@ def sparse_hook(state: SparseState, bucket) -> torch.futures.Future:
         state.error[index] = err
     payload = torch.cat([values, idx.to(torch.int32).view(torch.float32)])
     stats.stop("encode", index, t)
-    gathered = allgather_wait(state, payload, index)
-    t = stats.start()
-    all_vals = gathered[:, :k].reshape(-1)
-    all_idx = gathered[:, k:].clone().view(torch.int32).reshape(-1).long()
-    buf.zero_()
-    buf.index_add_(0, all_idx, all_vals.to(buf.dtype))
-    buf.div_(gathered.shape[0])
-    stats.stop("decode", index, t)
+
+    def decode(gathered):
+        all_vals = gathered[:, :k].reshape(-1)
+        all_idx = gathered[:, k:].clone().view(torch.int32).reshape(-1).long()
+        buf.zero_()
+        buf.index_add_(0, all_idx, all_vals.to(buf.dtype))
+        return buf.div_(gathered.shape[0])
+
+    fut = allgather_then(state, payload, index, decode)
     state.maybe_increase_iter(bucket)
     stats.end_hook()
-    return completed_future(buf)
+    return fut

@@ -9,7 +9,9 @@ Algorithm, per bucket (M_j: each gradient of >= 2 dims viewed as rows x cols; E_
      ONE all-reduce of [Q_1..Q_k, uncompressed]; Q_j /= n; M_j <- P_j Q_j^T.
   3. The averaged factor is kept for the next step (warm start); P and Q start from a seed shared by all ranks,
      so the factor that is not communicated is identical everywhere.
-The all-reduce is issued and waited inside the hook (one collective per bucket per step).
+The step (P or Q) is decided and the error feedback updated when the hook runs; the all-reduce is issued in the
+hook; the decode (divide, M <- P Q^T, factor memory) is chained on its future (overlap on) or run in the hook after
+waiting (overlap off). One collective per bucket per step, never issued from a callback.
 Communication: 1 all-reduce per bucket. Payload per step: 4 (sum_j rows_j r + u) bytes on P-steps,
 4 (sum_j cols_j r + u) on Q-steps.
 Options: rank (>= 1), start_iter (>= 2), min_compression_rate (>= 0), error_feedback, seed.
@@ -21,11 +23,10 @@ import torch.distributed as dist
 from runners.compressors.base import (
     CompressorState,
     allreduce_mean_async,
-    allreduce_wait,
+    allreduce_then,
     check_bool,
     check_int,
     check_nonneg,
-    completed_future,
     orthogonalize_,
     seeded_normal,
 )
@@ -92,7 +93,7 @@ class ACPSGDState(CompressorState):
 
 
 def acpsgd_hook(state: ACPSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """ACP-SGD on one bucket: one factor all-reduced, waited inside the hook. Returns a completed future."""
+    """ACP-SGD on one bucket: one factor all-reduced, issued in the hook; decode chained on its future."""
     buf = bucket.buffer()
     index = bucket.index()
     layout, changed = state.layout(bucket)
@@ -126,7 +127,7 @@ def acpsgd_hook(state: ACPSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
     u_numel = sum(k for _, k in vecs)
     sent_numel = p_numel if p_step else q_numel
     cbuf = torch.empty(sent_numel + u_numel, dtype=buf.dtype, device=buf.device)
-    fixed, views = [], []
+    views = []
     po = qo = 0
     for off, n, m, r in comp:
         mat = buf[off : off + n * m].view(n, m)
@@ -141,38 +142,39 @@ def acpsgd_hook(state: ACPSGDState, bucket: dist.GradBucket) -> torch.futures.Fu
         if state.error_feedback:
             # E = M - P Q^T with the local factors
             torch.addmm(mat, p, q.t(), alpha=-1, out=err[off : off + n * m].view(n, m))
-        fixed.append(q if p_step else p)
         views.append((mat, p, q))
         po += n * r
         qo += m * r
     uo = sent_numel
     for off, k in vecs:
         cbuf[uo : uo + k].copy_(buf[off : off + k])
-        uo += k
-    stats.stop("encode", index, t)
-    allreduce_wait(state, cbuf, index)
-    t = stats.start()
-    cbuf.div_(world)
-    uo = sent_numel
-    for off, k in vecs:
-        buf[off : off + k].copy_(cbuf[uo : uo + k])
         if state.error_feedback:
-            err[off : off + k].zero_()
+            err[off : off + k].zero_()  # sent exactly: no residual
         uo += k
-    for mat, p, q in views:
-        torch.matmul(p, q.t(), out=mat)
-    if p_step:
-        state.p_memory[index] = cbuf[:p_numel]
-        state.q_memory[index] = qmem
-    else:
-        state.q_memory[index] = cbuf[:q_numel]
-        state.p_memory[index] = pmem
     if state.error_feedback:
-        state.error[index] = err
-    stats.stop("decode", index, t)
+        state.error[index] = err  # complete before the collective is issued
+    stats.stop("encode", index, t)
+
+    def decode(cbuf):
+        cbuf.div_(world)
+        uo = sent_numel
+        for off, k in vecs:
+            buf[off : off + k].copy_(cbuf[uo : uo + k])
+            uo += k
+        for mat, p, q in views:
+            torch.matmul(p, q.t(), out=mat)
+        if p_step:
+            state.p_memory[index] = cbuf[:p_numel]
+            state.q_memory[index] = qmem
+        else:
+            state.q_memory[index] = cbuf[:q_numel]
+            state.p_memory[index] = pmem
+        return buf
+
+    fut = allreduce_then(state, cbuf, index, decode)
     state.maybe_increase_iter(bucket)
     stats.end_hook()
-    return completed_future(buf)
+    return fut
 
 
 STATE = ACPSGDState

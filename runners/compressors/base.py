@@ -1,18 +1,27 @@
 """Shared machinery of the compressor hooks: state base class, option checks, bucket layouts, timed collectives.
 
 Ordering rule (why every hook here is safe on gloo with many buckets): DDP calls the hook of bucket i only after it
-has called the hooks of buckets 0..i-1, and it does so in the same order on every rank. Every collective a hook
-needs is issued from inside the hook call itself, never from a future callback. A hook that needs one collective may
-return its future un-waited (DDP's own overlap is kept); a hook that needs several dependent collectives (PowerSGD)
-or that must decode before it can return (all-gather compressors) waits for each one inside the hook. So all ranks
-issue all collectives in bucket order, round by round. The price: while a synchronous hook waits, backward of the
-earlier layers does not run (on GPU the compute stream waits; on CPU the autograd thread blocks): the bucket's
-communication is *not* overlapped with backward. The runner reports that wait as ``comm_s``.
+has called the hooks of buckets 0..i-1, and it does so in the same order on every rank. Every collective is issued
+in that order on every rank, and never from a future callback (a callback runs on gloo's own thread, whenever the
+previous collective of *that* rank completes, so ranks would issue collectives in different orders).
+
+Overlap (``state.overlap``, default True; ``--overlap on|off`` of the runner):
+- on: a single-collective hook issues its collective inside the hook and returns the collective's future with the
+  decode chained (``fut.then(decode)``); the decode runs on gloo's callback thread and never issues a collective nor
+  waits. Multi-round PowerSGD hands its bucket to one ordered communication worker per state (``CommWorker``: its
+  own process group, buckets first in first out, every round issued in bucket order) and returns an un-waited
+  future the worker completes. Communication then overlaps the backward of earlier layers.
+- off: every collective is waited inside the hook and the decode runs there too; the hook returns a completed
+  future (the earlier, blocking behaviour: the autograd thread blocks, so nothing overlaps). The runner reports that
+  wait as ``comm_s``.
+Both modes run the same arithmetic in the same order, so their results are bitwise equal.
 """
 
 from __future__ import annotations
 
 import numbers
+import queue
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -146,13 +155,22 @@ class CompressorState:
     HYPERPARAMS: tuple[str, ...] = ()
     BUFFERS: tuple[str, ...] = ()
 
-    __slots__ = ("process_group", "stats", "iter", "layouts")
+    __slots__ = ("process_group", "stats", "iter", "layouts", "overlap", "worker")
 
     def __init__(self, process_group=None) -> None:
         self.process_group = process_group
         self.stats = CommStats()
         self.iter = 0
         self.layouts: dict[int, Layout] = {}
+        self.overlap = True  # set by compressors.get(..., overlap=...); not a hyper-parameter of the algorithm
+        self.worker: CommWorker | None = None  # multi-round hooks only, created at the first compressed bucket
+
+    def close(self) -> None:
+        """Stop the communication worker, if any (idempotent). Call before destroying the process group; every
+        job must be finished (DDP has waited for every bucket's future)."""
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
 
     # -- what the runner and launcher read
     @property
@@ -217,10 +235,12 @@ def completed_future(tensor: torch.Tensor) -> torch.futures.Future:
     return fut
 
 
-def allreduce_wait(state: CompressorState, tensor: torch.Tensor, index: int) -> torch.Tensor:
-    """Sum ``tensor`` over the group in place; blocks (CPU) or makes the stream wait (CUDA) until done."""
+def allreduce_wait(state: CompressorState, tensor: torch.Tensor, index: int, group=None) -> torch.Tensor:
+    """Sum ``tensor`` over the group in place; blocks (CPU) or makes the stream wait (CUDA) until done.
+    ``group`` None: the state's process group."""
     state.stats.add_payload(index, tensor.numel() * tensor.element_size())
-    work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
+    state.stats.before_collective(index)
+    work = dist.all_reduce(tensor, group=state.process_group if group is None else group, async_op=True)
     t = state.stats.start()
     work.wait()
     state.stats.stop("comm", index, t)
@@ -235,11 +255,58 @@ def allgather_wait(state: CompressorState, tensor: torch.Tensor, index: int) -> 
     world = state.world_size
     state.stats.add_payload(index, tensor.numel() * tensor.element_size())
     out = torch.empty(world * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    state.stats.before_collective(index)
     work = _all_gather_single(out, tensor, group=state.process_group, async_op=True)
     t = state.stats.start()
     work.wait()
     state.stats.stop("comm", index, t)
     return out.view(world, tensor.numel())
+
+
+def allreduce_then(state: CompressorState, tensor: torch.Tensor, index: int, decode) -> torch.futures.Future:
+    """Sum ``tensor`` over the group (issued now, from the hook) and return a future of ``decode(tensor)``.
+
+    overlap on: the collective's future with ``decode`` chained; it runs on the communication thread when the
+    collective completes (timed as non-critical decode), so it must neither issue a collective nor wait.
+    overlap off: waits here (timed as comm), decodes here, returns a completed future."""
+    stats = state.stats
+    stats.add_payload(index, tensor.numel() * tensor.element_size())
+    stats.before_collective(index)
+    work = dist.all_reduce(tensor, group=state.process_group, async_op=True)
+    return _finish(state, work, index, decode, tensor)
+
+
+def allgather_then(state: CompressorState, tensor: torch.Tensor, index: int, decode) -> torch.futures.Future:
+    """Gather ``tensor`` (1-D) from every rank into a ``(world, numel)`` tensor, issued now; returns a future of
+    ``decode(gathered)``, with the same overlap rules as ``allreduce_then``."""
+    world = state.world_size
+    stats = state.stats
+    stats.add_payload(index, tensor.numel() * tensor.element_size())
+    out = torch.empty(world * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    stats.before_collective(index)
+    work = _all_gather_single(out, tensor, group=state.process_group, async_op=True)
+    return _finish(state, work, index, decode, out.view(world, tensor.numel()))
+
+
+def _finish(state: CompressorState, work, index: int, decode, result: torch.Tensor) -> torch.futures.Future:
+    stats = state.stats
+    if not state.overlap:
+        t = stats.start()
+        work.wait()
+        stats.stop("comm", index, t)
+        t = stats.start()
+        out = decode(result)
+        stats.stop("decode", index, t)
+        return completed_future(out)
+
+    def chained(fut):
+        fut.value()  # completed: raises the collective's error, never blocks
+        t2 = stats.start()
+        out = decode(result)
+        stats.stop("decode", index, t2, critical=False)
+        return out
+
+    return work.get_future().then(chained)
 
 
 def allreduce_mean_async(state: CompressorState, bucket) -> torch.futures.Future:
@@ -249,6 +316,7 @@ def allreduce_mean_async(state: CompressorState, bucket) -> torch.futures.Future
     state.stats.bind(buf.device)
     buf.div_(state.world_size)
     state.stats.add_payload(index, buf.numel() * buf.element_size())
+    state.stats.before_collective(index)
     fut = dist.all_reduce(buf, group=state.process_group, async_op=True).get_future()
     state.stats.end_hook()
     return fut.then(lambda f: f.value()[0])
@@ -291,3 +359,52 @@ def start_error_feedback_hook(state: CompressorState, bucket):
         state.maybe_increase_iter(bucket)
         return layout, allreduce_mean_async(state, bucket)
     return layout, None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ordered communication worker (multi-round hooks)
+
+
+class CommWorker:
+    """One thread that runs bucket jobs first in, first out, on a process group of its own.
+
+    ``group`` is created once with ``dist.new_group`` (every rank creates it at the same point: the first compressed
+    bucket, in DDP's hook order), so neither DDP's collectives nor the runner's barriers can interleave with the
+    worker's. Since the jobs arrive in bucket order on every rank and one thread runs them one after the other, every
+    rank issues every round in bucket order. A job is ``fn()``; its result (or exception) completes the future
+    ``submit`` returned. The worker blocks in ``work.wait()`` on its own thread, never in a future callback.
+    """
+
+    def __init__(self, process_group=None, device: torch.device | None = None) -> None:
+        ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+        self.group = dist.new_group(ranks=ranks)
+        self.device = device
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="gc-comm-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, device: torch.device) -> torch.futures.Future:
+        fut = torch.futures.Future(devices=[device]) if device.type == "cuda" else torch.futures.Future()
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        self._jobs.put((fn, fut, stream))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            fn, fut, stream = item
+            try:
+                if stream is not None:
+                    torch.cuda.set_device(stream.device)
+                    with torch.cuda.stream(stream):  # the hook's stream: the encode it enqueued is ordered before
+                        fut.set_result(fn())
+                else:
+                    fut.set_result(fn())
+            except BaseException as e:  # the hook's future carries the error to DDP
+                fut.set_exception(e)
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout_s)

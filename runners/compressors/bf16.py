@@ -1,8 +1,8 @@
 """bf16: cast the bucket to bfloat16, all-reduce, cast back.
 
-Algorithm: g_avg = fp32( sum_i bf16(g_i / n) ). Dividing before the cast avoids overflow of the
-sum; bf16 keeps the fp32 exponent range with 8 bits of mantissa.
-Options: none. Communication: one all-reduce per bucket, un-waited (overlaps backward like DDP's own).
+Algorithm: g_avg = fp32( sum_i bf16(g_i) / n ), cast first then divided in bf16 (PyTorch's bf16_compress_hook;
+no full-size fp32 temporary); bf16 keeps the fp32 exponent range with 8 bits of mantissa.
+Options: none. Communication: one all-reduce per bucket, un-waited with overlap on (overlaps backward like DDP's own).
 Payload per step: 2 d bytes.
 """
 

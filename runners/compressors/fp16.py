@@ -1,7 +1,8 @@
 """fp16: cast the bucket to IEEE half precision, all-reduce, cast back.
 
-Algorithm: g_avg = fp32( sum_i fp16(g_i / n) ). Dividing before the cast avoids overflow of the sum.
-Options: none. Communication: one all-reduce per bucket, un-waited (overlaps backward like DDP's own).
+Algorithm: g_avg = fp32( sum_i fp16(g_i) / n ), cast first then divided in fp16 (PyTorch's fp16_compress_hook;
+no full-size fp32 temporary). An entry above 65504 overflows to inf, as in PyTorch.
+Options: none. Communication: one all-reduce per bucket, un-waited with overlap on (overlaps backward like DDP's own).
 Payload per step: 2 d bytes.
 """
 

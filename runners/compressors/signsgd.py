@@ -7,8 +7,8 @@ Algorithm, per bucket (v: the flat bucket, + E when error feedback is on; T grad
   2. ONE all-gather of every rank's payload.
   3. Majority vote: g_t = sign(sum_i s_i) * mean_i(a_{i,t}) (a tie gives 0).
   4. Error feedback: E = v - a * s (what this rank's message did not carry).
-Every tensor is compressed (1-D ones too: a sign per element is still well defined). The all-gather is issued and
-waited inside the hook. Communication: 1 all-gather per bucket. Payload per step: 4 ceil(d_b / 32) + 4 T_b bytes per
+Every tensor is compressed (1-D ones too: a sign per element is still well defined). The all-gather is issued in
+the hook; with overlap on its future is returned with the vote (decode) chained, with overlap off it is waited there. Communication: 1 all-gather per bucket. Payload per step: 4 ceil(d_b / 32) + 4 T_b bytes per
 bucket b, sent by each rank; each rank receives (n - 1) times that.
 Options: error_feedback (default False: plain majority vote).
 """
@@ -18,9 +18,8 @@ import torch.distributed as dist
 
 from runners.compressors.base import (
     CompressorState,
-    allgather_wait,
+    allgather_then,
     check_bool,
-    completed_future,
     start_error_feedback_hook,
 )
 
@@ -75,7 +74,7 @@ class SignSGDState(CompressorState):
 
 
 def signsgd_hook(state: SignSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Majority-vote signSGD on one bucket; the all-gather is waited inside the hook."""
+    """Majority-vote signSGD on one bucket; one all-gather issued in the hook, the vote chained on it."""
     buf = bucket.buffer()
     index = bucket.index()
     layout, warmup = start_error_feedback_hook(state, bucket)
@@ -102,18 +101,19 @@ def signsgd_hook(state: SignSGDState, bucket: dist.GradBucket) -> torch.futures.
         sent = torch.where(nonneg, 1.0, -1.0).to(buf.dtype).mul_(scales[ids].to(buf.dtype))
         state.error[index] = buf - sent
     stats.stop("encode", index, t)
-    gathered = allgather_wait(state, payload, index)
-    t = stats.start()
     nbytes = packed.numel()
-    signs = unpack_signs(gathered[:, :nbytes], d)  # (n, d) bool
     scale_cols = scales.numel()
-    votes = signs.sum(dim=0, dtype=torch.int32).mul_(2).sub_(signs.shape[0])  # (#plus - #minus)
-    mean_scales = gathered.view(torch.float32)[:, -scale_cols:].mean(dim=0)
-    torch.mul(votes.sign().to(buf.dtype), mean_scales[ids].to(buf.dtype), out=buf)
-    stats.stop("decode", index, t)
+
+    def decode(gathered):
+        signs = unpack_signs(gathered[:, :nbytes], d)  # (n, d) bool
+        votes = signs.sum(dim=0, dtype=torch.int32).mul_(2).sub_(signs.shape[0])  # (#plus - #minus)
+        mean_scales = gathered.view(torch.float32)[:, -scale_cols:].mean(dim=0)
+        return torch.mul(votes.sign().to(buf.dtype), mean_scales[ids].to(buf.dtype), out=buf)
+
+    fut = allgather_then(state, payload, index, decode)
     state.maybe_increase_iter(bucket)
     stats.end_hook()
-    return completed_future(buf)
+    return fut
 
 
 STATE = SignSGDState

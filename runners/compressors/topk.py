@@ -5,7 +5,8 @@ Algorithm, per bucket (v = flat bucket + E, d elements, k = ceil(ratio d)):
   2. E = v with v[I] set to 0 (what was not sent).
   3. ONE all-gather of every rank's (values, indices); result = (sum of scattered values) / n.
 Selection is over the whole bucket (all tensors of the bucket together, 1-D ones included).
-The all-gather is issued and waited inside the hook. Communication: 1 all-gather per bucket.
+The all-gather is issued in the hook, decode chained (overlap on) or waited there (off).
+Communication: 1 all-gather per bucket.
 Payload per step: 8 k bytes per bucket per rank (4 value + 4 index); each rank receives (n - 1) times that.
 Options: ratio in (0, 1] (default 0.01), error_feedback (default True).
 """

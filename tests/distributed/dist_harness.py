@@ -19,8 +19,9 @@ import torch.multiprocessing as mp
 COLLECTIVE_TIMEOUT_S = 30
 
 
-def _entry(fn, rank, world, store_path, out_dir, args):
+def _entry(fn, rank, world, store_path, out_dir, args, collective_timeout_s=COLLECTIVE_TIMEOUT_S, env=None):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    os.environ.update(env or {})
     try:
         import torch
         import torch.distributed as dist
@@ -31,7 +32,7 @@ def _entry(fn, rank, world, store_path, out_dir, args):
             init_method=f"file://{store_path}",
             rank=rank,
             world_size=world,
-            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S),
+            timeout=timedelta(seconds=collective_timeout_s),
         )
         try:
             result = fn(rank, world, *args)
@@ -45,12 +46,21 @@ def _entry(fn, rank, world, store_path, out_dir, args):
         raise SystemExit(1) from None
 
 
-def run_world(fn, world: int, *args, timeout_s: float = 120.0) -> list:
-    """``fn(rank, world, *args)`` on ``world`` ranks; returns the per-rank results (picklable) in rank order."""
+def run_world(
+    fn,
+    world: int,
+    *args,
+    timeout_s: float = 120.0,
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    env: dict | None = None,
+) -> list:
+    """``fn(rank, world, *args)`` on ``world`` ranks; returns the per-rank results (picklable) in rank order.
+    ``env`` is set in each rank before torch is imported (e.g. TORCH_DISTRIBUTED_DEBUG)."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="gcdist-") as tmp:
         store = os.path.join(tmp, "store")
-        procs = [ctx.Process(target=_entry, args=(fn, r, world, store, tmp, args)) for r in range(world)]
+        procs = [ctx.Process(target=_entry, args=(fn, r, world, store, tmp, args, collective_timeout_s, env))
+                 for r in range(world)]  # fmt: skip
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout_s

@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
-        "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes"}  # fmt: skip
+        "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes", "peer_wait_s"}  # fmt: skip
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -56,7 +56,9 @@ def read_records(out: Path, world=2):
     "compressor,extra,phases",
     [
         ("syncsgd", [], {"forward_s", "backward_s", "comm_s", "optimizer_s"}),
-        ("powersgd", ["--opt", "rank=2"], {"forward_s", "backward_s", "encode_s", "comm_s", "decode_s",
+        ("acpsgd", ["--opt", "rank=2", "--overlap", "off"], {"forward_s", "backward_s", "encode_s", "comm_s",
+                                                            "decode_s", "optimizer_s"}),  # fmt: skip
+        ("powersgd", ["--opt", "rank=2", "--skew-probe"], {"forward_s", "backward_s", "encode_s", "comm_s", "decode_s",
                                            "optimizer_s"}),  # fmt: skip
         ("topk", ["--opt", "ratio=0.1", "--serial"], {"forward_s", "backward_s", "encode_s", "comm_s", "decode_s",
                                                       "optimizer_s"}),  # fmt: skip
@@ -84,9 +86,15 @@ def test_runner_records_phases_that_sum_to_iteration_time(tmp_path, compressor, 
                                          "optimizer_s"))  # fmt: skip
             assert abs(total - row["iter_time_s"]) <= 0.05 * row["iter_time_s"], (total, row)
             assert row["payload_bytes"] > 0
+            if "--skew-probe" in extra:  # the other rank's lateness, per collective: measured, small on loopback
+                assert 0 <= row["peer_wait_s"] < row["iter_time_s"], row
+            else:
+                assert row["peer_wait_s"] is None
             assert row["wire_tx_bytes"] > 0 and row["wire_rx_bytes"] > 0  # loopback carried the collectives
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["compressor"] == compressor
+    assert summary["config"]["overlap"] is ("off" not in extra)
+    assert (summary["peer_wait_s"] is None) == ("--skew-probe" not in extra)
     assert summary["env"]["world_size"] == 2 and summary["env"]["backend"] == "gloo"
     assert summary["warmup_iters_used"] == (2 if compressor != "syncsgd" else 1)
     for k in ("iter_time_s_mean", "iter_time_s_p5", "iter_time_s_p50", "iter_time_s_p95", "samples_per_s",

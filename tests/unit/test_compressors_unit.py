@@ -112,3 +112,44 @@ def test_state_dict_round_trip_and_mismatch():
         compressors.get("acpsgd", rank=3)[0].load_state_dict(sd)
     with pytest.raises(ValueError, match="not 'topk'"):
         compressors.get("topk")[0].load_state_dict(sd)
+
+
+@pytest.mark.parametrize("d,ratio", [(1000, 0.01), (100_000, 0.01), (300_000, 0.001), (50_000, 0.3), (7, 0.5)])
+def test_mstopk_sends_exactly_k_real_values_from_above_the_band(d, ratio):
+    from runners.compressors.mstopk import MSTopKState
+
+    state = MSTopKState(ratio=ratio)
+    v = torch.randn(d, generator=torch.Generator().manual_seed(d)) * torch.linspace(0.1, 3, d)
+    k = state.k_for(d)
+    idx, count = state.select(v, k)
+    assert count == k and idx.numel() == k
+    assert idx.unique().numel() == k  # k distinct entries: no padding
+    a = v.abs()
+    thres1, thres2 = state.thresholds(a, k)
+    sent = torch.zeros(d, dtype=torch.bool)
+    sent[idx] = True
+    if int((a >= thres1).sum()) <= k and int((a >= thres2).sum()) >= k:
+        assert bool(sent[a >= thres1].all())  # every entry above the upper threshold is sent
+        assert float(a[sent].min()) >= float(thres2)  # the rest comes from the band
+    # close to the exact top-k: the sent magnitudes are at least as large as the (1.5 k)-th largest
+    assert float(a[sent].min()) >= float(torch.topk(a, min(d, int(1.5 * k) + 1)).values[-1])
+
+
+def test_mstopk_with_ties_still_sends_k_distinct_entries():
+    from runners.compressors.mstopk import MSTopKState
+
+    state = MSTopKState(ratio=0.05)
+    v = torch.zeros(20_000)
+    v[:37] = torch.arange(1, 38, dtype=torch.float32)
+    idx, count = state.select(v, state.k_for(v.numel()))
+    assert count == 1000 and idx.unique().numel() == 1000
+    assert set(range(37)) <= set(idx.tolist())
+
+
+def test_mstopk_bisection_brackets_the_target():
+    from runners.compressors.mstopk import bisect
+
+    s = torch.rand(10_000, generator=torch.Generator().manual_seed(3))
+    t_le, t_gt = bisect(s, 100, 20)
+    assert int((s >= t_le).sum()) <= 100 < int((s >= t_gt).sum())
+    assert float(t_le - t_gt) < 1e-4

@@ -178,7 +178,7 @@ def test_playbooks_syntax_check():
         timeout=120,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    for name in ("provision", "shape", "teardown", "run"):
+    for name in ("provision", "shape", "teardown"):
         assert f"playbook: playbooks/{name}.yml" in res.stdout
 
 

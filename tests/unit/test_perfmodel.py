@@ -141,8 +141,10 @@ def test_blocking_hooks_add_codec_and_comm_in_series_with_backward():
     blocked = predict_iteration(p, "comp", Network(2, 1e9), hook_blocks_backward=True)
     assert blocked.iter_time_s == pytest.approx(F + BW + 2 * (enc + comm + dec) + OPT)
     overlapped = predict_iteration(p, "comp", Network(2, 1e9), hook_blocks_backward=False)
-    # un-waited hooks: encodes still run on the backward thread, but only the last bucket's comm+decode is exposed
-    assert overlapped.iter_time_s == pytest.approx(F + BW + 2 * enc + comm + dec + OPT)
+    # un-waited hooks: encode and decode stay on the compute path (bucket 0's decode lands during the rest of
+    # backward and pushes it back); only the last bucket's communication is exposed
+    assert overlapped.iter_time_s == pytest.approx(F + BW + 2 * enc + comm + 2 * dec + OPT)
+    assert overlapped.timeline[0].done_s == pytest.approx(BW / 2 + enc + comm + dec)
     assert overlapped.iter_time_s < blocked.iter_time_s
     assert blocked.hook_blocks_backward and not overlapped.hook_blocks_backward
 
@@ -154,17 +156,34 @@ def test_async_compressors_never_block_and_syncsgd_derived_from_buckets():
     b = predict_iteration(p, "syncsgd", Network(2, 1e9), hook_blocks_backward=False)
     assert a.iter_time_s == b.iter_time_s and not a.hook_blocks_backward
     q = profile_from_dict(synthetic_profile_dict())
-    for name in ("fp16", "bf16"):  # one un-waited all-reduce: overlapped like DDP's own
-        assert not predict_iteration(q, name, Network(4, 1e9), hook_blocks_backward=True).hook_blocks_backward
-    assert predict_iteration(q, "powersgd", Network(4, 1e9), hook_blocks_backward=True).hook_blocks_backward
+    for name in ("fp16", "bf16", "powersgd"):  # --overlap off: every hook waits inside, fp16/bf16 too
+        assert predict_iteration(q, name, Network(4, 1e9), hook_blocks_backward=True).hook_blocks_backward
+        assert not predict_iteration(q, name, Network(4, 1e9)).hook_blocks_backward  # default: --overlap on
 
 
 def test_two_rounds_cost_more_latency_than_one():
     one = two_bucket_profile(rounds=1)
     two = two_bucket_profile(rounds=2)
     net = Network(8, 1e10, latency_s=1e-3)
-    d = predict_iteration(two, "comp", net).iter_time_s - predict_iteration(one, "comp", net).iter_time_s
+    blk = {"hook_blocks_backward": True}
+    d = predict_iteration(two, "comp", net, **blk).iter_time_s - predict_iteration(one, "comp", net, **blk).iter_time_s
     assert d == pytest.approx(2 * 2 * 7 * 1e-3)  # one extra 2(p-1)alpha per bucket, two buckets, blocking
+    # overlapped: bucket 0's extra latency hides behind the rest of backward, only the last bucket's shows
+    d = predict_iteration(two, "comp", net).iter_time_s - predict_iteration(one, "comp", net).iter_time_s
+    assert d == pytest.approx(2 * 7 * 1e-3)
+
+
+def test_overlapped_decode_that_lands_after_backward_runs_after_it():
+    enc, dec = 0.001, 0.004
+    p = two_bucket_profile(grad_bytes_each=10_000_000, enc=enc, dec=dec, ratio=1.0)  # 80 ms per bucket at 1 Gbit
+    pred = predict_iteration(p, "comp", Network(2, 1e9))
+    comm = 0.08
+    # bucket 0 starts at BW/2 + enc and lands after backward (+ bucket 1's encode) is through; the link is FIFO
+    c0_end = BW / 2 + enc + comm
+    c1_end = c0_end + comm
+    assert pred.timeline[0].done_s == pytest.approx(c0_end + dec)
+    assert pred.timeline[1].comm_start_s == pytest.approx(c0_end)
+    assert pred.iter_time_s == pytest.approx(F + c1_end + dec + OPT)
 
 
 def test_samples_per_s_is_global():
