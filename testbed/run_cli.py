@@ -10,8 +10,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from shaping.units import format_rate, format_size
-from testbed.cli import add_json, add_name, console, print_json
-from testbed.cluster import registry
+from testbed.cli_common import add_json, add_name, console, print_json
+from testbed.cluster import backends, registry
 from testbed.config import Trial, expand, load_sweep_toml, parse_list, parse_rates
 from testbed.errors import InputError
 
@@ -85,7 +85,7 @@ def _cluster_for(args: argparse.Namespace, world_size: int):
         console.print(f"cluster {args.name!r} is not up: bringing up {world_size} emulated hosts")
         cluster, _ = LocalCluster.up(args.name, max(world_size, 2))
         return cluster
-    return registry.open_cluster(args.name)
+    return backends.open_cluster(args.name)
 
 
 # ---------------------------------------------------------------------------------------------------- run

@@ -69,6 +69,11 @@ class Cluster(abc.ABC):
         return None
 
     @abc.abstractmethod
+    def down(self) -> str:
+        """Remove what the cluster made (processes, shaping, namespaces) and forget its record; what was done, in
+        words."""
+
+    @abc.abstractmethod
     def status(self) -> dict[str, Any]:
         """JSON-ready description: backend, hosts (name, address, data_iface, netns), shaping per link."""
 

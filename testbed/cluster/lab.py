@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shaping.plan import LinkShape
+from testbed.cluster import registry
 from testbed.cluster.base import Cluster, Host, RankProcess
 from testbed.cluster.ssh import SSHConnection, SSHTarget, command_line, detached_command_line
 from testbed.errors import ClusterError, InputError, LaunchError, ShapingError, TestbedError
@@ -404,6 +405,46 @@ class LabCluster(Cluster):
             accept_new_host_keys=accept_new_host_keys,
             allow_cpu=allow_cpu,
         )
+
+    @classmethod
+    def up(
+        cls,
+        name: str,
+        inventory: str | Path,
+        *,
+        shape: LinkShape | None = None,
+        accept_new_host_keys: bool = False,
+        allow_cpu: bool = False,
+        run_playbook: bool = True,
+    ) -> tuple[LabCluster, dict[str, Any]]:
+        """Bring a lab cluster up: read the inventory, run the provision playbook (unless run_playbook=False), check
+        every host (reachability, host keys, data NIC, Python, GPUs, NIC speed against the rate), shape if a shape is
+        given (commit-confirmed), then record the cluster so `status`, `exec`, `shape`, `run`, `sweep` and `down`
+        reopen it by name. Nothing half-done: a failure after shaping clears it again, and no record is written.
+        Returns (cluster, its status); the cluster's SSH connections are closed."""
+        registry.check_name(name)
+        cluster = cls.from_inventory(
+            inventory, name=name, accept_new_host_keys=accept_new_host_keys, allow_cpu=allow_cpu
+        )
+        shaped = False
+        try:
+            cluster.provision(run_playbook=run_playbook, rate_bps=shape.rate_bps if shape else None)
+            if shape is not None:
+                cluster.apply_shaping(shape)
+                shaped = True
+            cluster.record = {**cluster.to_record(), "shape": shape.to_dict() if shape else None}
+            registry.save_record(name, cluster.record)
+            status = cluster.status()
+        except BaseException:
+            if shaped:
+                try:
+                    cluster.clear_shaping()
+                except TestbedError:
+                    pass
+            raise
+        finally:
+            cluster.close()
+        return cluster, status
 
     def to_record(self) -> dict[str, Any]:
         """What the cluster registry stores so later commands (status, run, down) can reopen this cluster."""
@@ -800,9 +841,10 @@ class LabCluster(Cluster):
             "hosts": hosts,
         }
 
-    def down(self) -> None:
+    def down(self) -> str:
         """Clear shaping on every host and end every rank process group started for this cluster (also by other
-        controller processes: their pid files on the hosts are checked against a token before signalling)."""
+        controller processes: their pid files on the hosts are checked against a token before signalling); forget
+        the cluster's record when it was opened from one."""
         self.kill_started()
 
         def host_down(n: str) -> None:
@@ -825,6 +867,9 @@ class LabCluster(Cluster):
         self.close()
         if errors:
             raise ClusterError("; ".join(errors))
+        if self.record is not None:
+            registry.delete_record(self.name)
+        return "lab shaping cleared, rank processes ended"
 
 
 def command_for(argv: list[str]) -> str:

@@ -210,11 +210,15 @@ class LocalCluster(Cluster):
             return cluster, True
 
     @staticmethod
-    def down(name: str) -> list[str]:
+    def remove(name: str) -> list[str]:
         """Remove everything of cluster `name` (also a crashed one's leftovers). Returns the namespaces removed."""
         registry.check_name(name)
         with registry.locked(name):
             return _destroy(name)
+
+    def down(self) -> str:
+        """Remove this cluster: its processes, namespaces, saved qdiscs and record."""
+        return f"removed {len(self.remove(self.name))} namespaces"
 
     # ------------------------------------------------------------------ Cluster interface
     def hosts(self) -> list[Host]:

@@ -1,8 +1,8 @@
 """Which clusters exist: one JSON record per cluster name under the state directory, and a lock per name.
 
 The state lives in /run/testbed by default (tmpfs: it vanishes on reboot together with the namespaces it
-describes); `TESTBED_STATE_DIR` moves it (tests use a private one). `open_cluster(name)` returns the backend object
-for a recorded cluster, so commands never need to know which backend a name belongs to.
+describes); `TESTBED_STATE_DIR` moves it (tests use a private one). `backends.open_cluster(name)` returns the backend
+object for a recorded cluster; this module knows no backend.
 """
 
 from __future__ import annotations
@@ -74,18 +74,3 @@ def locked(name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def open_cluster(name: str):
-    """The backend object of a recorded cluster; InputError when no cluster of that name is up."""
-    record = load_record(name)
-    if record is None:
-        up = ", ".join(recorded_names()) or "none"
-        raise InputError(f"no cluster named {name!r} is up (clusters up: {up}); start one with `testbed up`")
-    if record.get("backend") == "lab":
-        from testbed.cluster.lab import LabCluster
-
-        return LabCluster.from_record(record)
-    from testbed.cluster.local import LocalCluster
-
-    return LocalCluster.from_record(record)

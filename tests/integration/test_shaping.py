@@ -15,7 +15,7 @@ from conftest import NO_NETEM_REASON, cluster_netns, kernel_has_netem, netns_lis
 
 from shaping import tc
 from shaping.plan import LinkShape, render_clear, render_tc
-from testbed.cluster import registry
+from testbed.cluster import backends
 from testbed.errors import InputError
 
 pytestmark = pytest.mark.root
@@ -86,7 +86,7 @@ def assert_htb_everywhere(name: str, rate_bps: int, burst: int, n_hosts: int = 2
 
 def status(testbed_cli, name: str) -> dict:
     """What `testbed status --json` prints, read in-process (same code, without a Python start per call)."""
-    return json.loads(json.dumps(registry.open_cluster(name).status()))
+    return json.loads(json.dumps(backends.open_cluster(name).status()))
 
 
 def test_status_cli_matches_in_process(testbed_cli, make_cluster):
