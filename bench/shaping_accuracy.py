@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from shaping.plan import LinkShape, ideal_goodput_bps  # noqa: E402
-from shaping.probe import probe_pair  # noqa: E402
 from shaping.units import format_rate, format_size, parse_rate_bps  # noqa: E402
+from testbed.probe import probe_pair  # noqa: E402
 
 FULL_RATES = "10mbit,100mbit,500mbit,1gbit,2gbit,5gbit,8gbit"
 QUICK_RATES = "100mbit,1gbit,5gbit"

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from shaping import ingress, tc
+from shaping.errors import InputError, ShapingError
 from shaping.plan import LinkShape, default_burst_bytes
-from testbed.errors import InputError, ShapingError
 
 DEFAULT_BASE = "/run/testbed-shaping"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

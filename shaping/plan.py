@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from shaping.errors import InputError
 from shaping.units import format_rate, format_size
-from testbed.errors import InputError
 
 # The testbed's qdiscs carry this major handle ("7e57" reads "test"): it marks them as ours.
 OWNED_MAJOR = 0x7E57

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from testbed.errors import InputError
+from shaping.errors import InputError
 
 MIN_RATE_BPS = 1_000  # 1 kbit/s
 MAX_RATE_BPS = 400_000_000_000  # 400 Gbit/s

@@ -88,8 +88,8 @@ def _print_lab_hosts(status: dict, shape: LinkShape | None) -> None:
 
 
 def _verify(cluster, shape: LinkShape | None) -> list[dict]:
-    from shaping.probe import DEFAULT_TOLERANCE, probe_pair
     from testbed.errors import ProbeError
+    from testbed.probe import DEFAULT_TOLERANCE, probe_pair
 
     hosts = cluster.hosts()
     if len(hosts) < 2:
@@ -218,7 +218,7 @@ def cmd_shape(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from shaping.probe import check_probe_args, probe_pair, ring_pairs
+    from testbed.probe import check_probe_args, probe_pair, ring_pairs
 
     streams = int_list(args.streams, "--streams")
     for s in streams:

@@ -266,7 +266,7 @@ class LocalCluster(Cluster):
         try:
             for host, direction, ns, ifname in self.links(hosts):
                 results.append(
-                    {"host": host.name, "direction": direction, **tc.apply(ifname, shape, netns=ns, force=force)}
+                    {"host": host.name, "direction": direction, **tc.apply(ifname, shape, netns=ns, force=force, state_dir=registry.state_dir())}
                 )
                 applied.append((ns, ifname))
         except BaseException:
@@ -282,9 +282,9 @@ class LocalCluster(Cluster):
                         netem.get("jitter_s", 0.0),
                         netem.get("loss_pct", 0.0),
                     )
-                    tc.apply(ifname, restore, netns=ns)
+                    tc.apply(ifname, restore, netns=ns, state_dir=registry.state_dir())
                 else:
-                    tc.clear(ifname, netns=ns)
+                    tc.clear(ifname, netns=ns, state_dir=registry.state_dir())
             raise
         if hosts is None:
             self._set_recorded_shape(shape.to_dict())
@@ -292,7 +292,7 @@ class LocalCluster(Cluster):
 
     def clear_shaping(self, hosts: list[Host] | None = None) -> None:
         for _, _, ns, ifname in self.links(hosts):
-            tc.clear(ifname, netns=ns)
+            tc.clear(ifname, netns=ns, state_dir=registry.state_dir())
         if hosts is None:
             self._set_recorded_shape(None)
 
@@ -380,7 +380,8 @@ def _destroy(name: str) -> list[str]:
     leftover = cluster_namespaces(name)
     if leftover:
         raise ClusterError(f"could not remove namespaces {', '.join(leftover)}")
-    for path in tc.backup_dir().glob(f"{NS_PREFIX}{name}-*__*.json") if tc.backup_dir().is_dir() else []:
+    backups = tc.backup_dir(registry.state_dir())
+    for path in backups.glob(f"{NS_PREFIX}{name}-*__*.json") if backups.is_dir() else []:
         path.unlink(missing_ok=True)
     registry.delete_record(name)
     return removed

@@ -292,12 +292,13 @@ def test_forced_foreign_tree_with_classes_and_leaf_qdisc_restored(scratch_netns,
     with pytest.raises(tc.ForeignQdiscError, match=r"htb 1:"):
         tc.apply("va", LinkShape(10**8), netns=ns)
     assert tree() == before
-    assert tc.apply("va", LinkShape(10**8), netns=ns, force=True)["replaced_foreign"]
+    assert tc.apply("va", LinkShape(10**8), netns=ns, force=True, state_dir=state_dir)["replaced_foreign"]
+    assert (state_dir / "qdisc-backup" / f"{ns}__va.json").exists()  # saved where the caller said
     assert tc.show("va", netns=ns)["owned"]
-    assert tc.clear("va", netns=ns)
+    assert tc.clear("va", netns=ns, state_dir=state_dir)
     assert tree() == before
     assert not (state_dir / "qdisc-backup" / f"{ns}__va.json").exists()
-    assert tc.clear("va", netns=ns) is False  # idempotent, and a foreign root is left alone
+    assert tc.clear("va", netns=ns, state_dir=state_dir) is False  # idempotent, and a foreign root is left alone
 
 
 # ---------------------------------------------------------------------------------------------- rollback
