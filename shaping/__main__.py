@@ -30,8 +30,6 @@ from shaping.errors import InputError, ShapingError, TestbedError
 from shaping.plan import LinkShape, render_tc, shape_from_flags
 from shaping.units import format_rate
 
-BURST_TOLERANCE = 0.02  # burst read back from ticks rounds; within 2% it is the same plan
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
@@ -85,21 +83,6 @@ def _shape(args: argparse.Namespace) -> LinkShape:
 
 
 # ------------------------------------------------------------------------------------------------------- commands
-def _same(shown: dict[str, Any], want: LinkShape) -> bool:
-    if not shown or not shown.get("owned") or shown.get("qdisc") != want.qdisc:
-        return False
-    if shown.get("rate_bps") != want.rate_bps or not shown.get("burst_bytes"):
-        return False
-    if abs(shown["burst_bytes"] - want.effective_burst_bytes) > BURST_TOLERANCE * want.effective_burst_bytes:
-        return False
-    netem = shown.get("netem") or {}
-    return (
-        abs(netem.get("delay_s", 0.0) - want.delay_s) < 1e-6
-        and abs(netem.get("jitter_s", 0.0) - want.jitter_s) < 1e-6
-        and abs(netem.get("loss_pct", 0.0) - want.loss_pct) < 1e-3
-    )
-
-
 def _render_ingress(dev: str, shape: LinkShape, netns: str | None) -> list[str]:
     ip = f"ip -n {netns}" if netns else "ip"
     t = f"tc -n {netns}" if netns else "tc"
@@ -125,8 +108,8 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
     lockout.check_lockout(dev, netns=args.netns, force_mgmt_iface=args.force_mgmt_iface, mgmt_addresses=args.mgmt_addr)
     previous = commit_confirm.snapshot(dev, netns=args.netns)  # also: InputError if dev is missing
     want_ingress = bool(args.ingress)
-    same = _same(previous["egress"], shape) and (
-        (previous["ingress"]["active"] and _same(previous["ingress"]["shaping"], shape))
+    same = shape.matches(previous["egress"]) and (
+        (previous["ingress"]["active"] and shape.matches(previous["ingress"]["shaping"]))
         if want_ingress
         else not previous["ingress"]["active"]
     )

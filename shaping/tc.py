@@ -25,6 +25,7 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
 from shaping.errors import InputError, PermissionDenied, ShapingError
+from shaping.files import atomic_write
 from shaping.plan import CLASS_HANDLE, NETEM_HANDLE, OWNED_MAJOR, ROOT_HANDLE, TBF_LATENCY_S, LinkShape
 
 TC_H_ROOT = 0xFFFFFFFF
@@ -271,9 +272,7 @@ def _save_tree(ipr: IPRoute, index: int, ifname: str, netns: str | None, state_d
     messages = _dump_tree(ipr, index)
     path = _backup_path(ifname, netns, state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(messages))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(messages))
 
 
 def _fix_dumped_options(plain: dict) -> None:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from shaping.files import atomic_write
 from testbed import perfmodel as pm
 from testbed.errors import InputError, TestbedError
 
@@ -206,11 +205,7 @@ def save_profile(profile: pm.Profile, directory: str | Path) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / pm.profile_filename(profile.model, profile.batch_size, profile.device)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".profile-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(pm.profile_to_dict(profile), f, indent=2)
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, json.dumps(pm.profile_to_dict(profile), indent=2))
 
 
 def profile_table(profile: pm.Profile) -> Table:
@@ -400,7 +395,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             best = min(data["compressors"][m]["iter_time_s"][i] for m in names)
             txt = _fmt_ms(c["iter_time_s"][i])
             cells.append(f"[bold green]{txt}[/]" if c["iter_time_s"][i] == best else txt)
-        t.add_row(pm._fmt_bps(b), *cells)
+        t.add_row(pm.rate_text(b), *cells)
     console.print(t)
     s = Table(
         title=f"speedup over {data['baseline']} and crossover bandwidth B* "
@@ -420,14 +415,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if cx is None:
             cx_txt = "(baseline)"
         elif cx["kind"] == "crossover":
-            cx_txt = f"{pm._fmt_bps(cx['bandwidth_bps'])} (faster {'below' if cx['wins_below'] else 'above'})"
+            cx_txt = f"{pm.rate_text(cx['bandwidth_bps'])} (faster {'below' if cx['wins_below'] else 'above'})"
         else:
             cx_txt = f"{cx['kind']} faster"
         s.add_row(
             n,
             f"{c['speedup'][0]:.2f}x",
             f"{c['speedup'][-1]:.2f}x",
-            f"{c['max_speedup']:.2f}x @ {pm._fmt_bps(c['max_speedup_at_bps'])}",
+            f"{c['max_speedup']:.2f}x @ {pm.rate_text(c['max_speedup_at_bps'])}",
             cx_txt,
         )
     console.print(s)

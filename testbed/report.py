@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from shaping.units import format_rate  # noqa: E402
 from testbed import perfmodel as pm  # noqa: E402
 from testbed.errors import InputError  # noqa: E402
 
@@ -72,10 +73,6 @@ def baseline_description(baseline: str) -> str:
 def fmt_rate(bps: float) -> str:
     if not bps or (isinstance(bps, float) and math.isnan(bps)):
         return "unshaped"
-    try:
-        from shaping.units import format_rate
-    except ImportError:  # pragma: no cover - shaping is part of the same package
-        return pm._fmt_bps(bps)
     return format_rate(bps)
 
 
@@ -234,35 +231,15 @@ def headline(sp: pd.DataFrame, baseline: str) -> tuple[str, int, int]:
 
 
 def measured_crossover(rates_bps: Sequence[float], speedups: Sequence[float]) -> tuple[str, float | None]:
-    """Crossover of measured speedup through 1.0, interpolated in log-log between shaped rates.
-
-    Returns ("crossover", B) for the highest rate where it goes from faster to slower (or the first crossing the
-    other way), ("always"/"never", None), or ("n/a", None) when fewer than two rates have a speedup.
-    """
-    pts = sorted(
-        (r, s) for r, s in zip(rates_bps, speedups, strict=True) if r and r > 0 and s and s > 0 and not math.isnan(s)
-    )
-    if len(pts) < 2:
-        return "n/a", None
-    wins = [s > 1.0 for _, s in pts]
-    if all(wins):
-        return "always", None
-    if not any(wins):
-        return "never", None
-    crossings = []
-    for (r0, s0), (r1, s1), w0, w1 in zip(pts, pts[1:], wins, wins[1:], strict=False):
-        if w0 == w1:
-            continue
-        d0, d1 = math.log(s0), math.log(s1)
-        frac = d0 / (d0 - d1) if d0 != d1 else 0.5
-        crossings.append((math.exp(math.log(r0) + frac * (math.log(r1) - math.log(r0))), w0))
-    down = [b for b, w in crossings if w]
-    return "crossover", (down[-1] if down else crossings[0][0])
+    """Crossover of measured speedup through 1.0 (perfmodel's rule, interpolated in log-log between shaped rates):
+    ("crossover", B), ("always"/"never", None), or ("n/a", None) when fewer than two rates have a speedup."""
+    kind, b_star, _ = pm.crossover_from_samples(rates_bps, speedups)
+    return kind, b_star
 
 
 def _describe_cx(kind: str, b: float | None) -> str:
     if kind == "crossover":
-        return pm._fmt_bps(b)
+        return pm.rate_text(b)
     return kind
 
 
@@ -473,7 +450,7 @@ def plot_time_vs_bandwidth(
                 hook_blocks_backward=s.hook_blocks_backward,
             )
             row["predicted"] = (
-                pc.describe() if pc.kind == "crossover" else f"{pc.kind} ({pm._fmt_bps(lo_bps)}..{pm._fmt_bps(hi_bps)})"
+                pc.describe() if pc.kind == "crossover" else f"{pc.kind} ({pm.rate_text(lo_bps)}..{pm.rate_text(hi_bps)})"
             )
             row["predicted_bps"] = pc.bandwidth_bps
             if pc.bandwidth_bps and grid[0] <= pc.bandwidth_bps <= grid[-1]:

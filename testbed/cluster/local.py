@@ -266,22 +266,20 @@ class LocalCluster(Cluster):
         try:
             for host, direction, ns, ifname in self.links(hosts):
                 results.append(
-                    {"host": host.name, "direction": direction, **tc.apply(ifname, shape, netns=ns, force=force, state_dir=registry.state_dir())}
+                    {
+                        "host": host.name,
+                        "direction": direction,
+                        **tc.apply(ifname, shape, netns=ns, force=force, state_dir=registry.state_dir()),
+                    }
                 )
                 applied.append((ns, ifname))
         except BaseException:
             for ns, ifname in applied:  # put back what each link had before this call
                 before = previous[(ns, ifname)]
                 if before["owned"] and before["rate_bps"]:
-                    netem = before.get("netem") or {}  # keep a previous delay/loss too, not only the rate
-                    restore = LinkShape(
-                        before["rate_bps"],
-                        before["burst_bytes"],
-                        before["qdisc"],
-                        netem.get("delay_s", 0.0),
-                        netem.get("jitter_s", 0.0),
-                        netem.get("loss_pct", 0.0),
-                    )
+                    restore = LinkShape.from_dict(
+                        before, read_back=True
+                    )  # a previous delay/loss too, not only the rate
                     tc.apply(ifname, restore, netns=ns, state_dir=registry.state_dir())
                 else:
                     tc.clear(ifname, netns=ns, state_dir=registry.state_dir())
@@ -303,9 +301,7 @@ class LocalCluster(Cluster):
 
     def recorded_shape(self) -> LinkShape | None:
         s = self.record.get("shape")
-        if not s:
-            return None
-        return LinkShape(s["rate_bps"], s["burst_bytes"], s["qdisc"], s["delay_s"], s["jitter_s"], s["loss_pct"])
+        return LinkShape.from_dict(s) if s else None
 
     def status(self) -> dict[str, Any]:
         hosts = []
@@ -329,7 +325,7 @@ class LocalCluster(Cluster):
 def _describe_shape(shape: dict | None) -> str:
     if not shape:
         return "unshaped"
-    return LinkShape(shape["rate_bps"], shape["burst_bytes"], shape["qdisc"]).describe()
+    return LinkShape.from_dict(shape).describe()
 
 
 def _check_subnet(subnet: str, n_hosts: int) -> ipaddress.IPv4Network:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shaping.files import atomic_write
 from testbed.errors import InputError
 
 DEFAULT_CLUSTER = "tb"
@@ -49,9 +50,7 @@ def load_record(name: str) -> dict[str, Any] | None:
 def save_record(name: str, record: dict[str, Any]) -> None:
     path = record_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(record, indent=2, sort_keys=True))
 
 
 def delete_record(name: str) -> None:
