@@ -176,8 +176,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise InputError("exec needs a command: testbed exec HOST -- CMD [ARGS...]")
     cluster = backends.open_cluster(args.name)
     host = cluster.host(args.host)
-    if cluster.backend == "local":
-        os.execvp("ip", ["ip", "netns", "exec", host.netns, *argv])  # hand the terminal to the command
+    prefix = cluster.command_prefix(host)
+    if prefix is not None:
+        os.execvp(prefix[0], [*prefix, *argv])  # hand the terminal to the command
     done = cluster.run(host, argv, timeout_s=args.timeout)
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)
@@ -234,7 +235,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
             pairs.append((cluster.host(src), cluster.host(dst)))
     else:
         pairs = ring_pairs(hosts)[: args.max_pairs]
-    shape = cluster.recorded_shape() if hasattr(cluster, "recorded_shape") else None
+    shape = cluster.recorded_shape()
     requested = shape.rate_bps if shape else None
     results = []
     with console.status("probing with iperf3...") if not args.json else contextlib.nullcontext():

@@ -468,6 +468,14 @@ class LabCluster(Cluster):
             )
         return addrs[0]
 
+    def command_prefix(self, host: Host) -> None:
+        """Lab hosts are reached over SSH: `testbed exec` goes through `run`."""
+        return None
+
+    def threads_per_rank(self, world_size: int) -> int:
+        """0: each lab host keeps its own default (its ranks share that host, not this machine)."""
+        return 0
+
     def _host_argv(self, spec: LabHostSpec, argv: list[str]) -> list[str]:
         """argv[0] 'python', 'python3' or this controller's own interpreter means the host's testbed_python."""
         if argv and argv[0] in ("python", "python3", sys.executable):
@@ -657,9 +665,9 @@ class LabCluster(Cluster):
         self,
         shape: LinkShape,
         hosts: list[Host] | None = None,
+        *,
         force: bool = False,
         force_mgmt_iface: bool = False,
-        *,
         ingress: bool = True,
         confirm_within_s: float = DEFAULT_CONFIRM_WITHIN_S,
     ) -> list[dict]:

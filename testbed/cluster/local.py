@@ -224,8 +224,15 @@ class LocalCluster(Cluster):
     def hosts(self) -> list[Host]:
         return [Host(h["name"], h["address"], h["data_iface"], h["netns"]) for h in self.record["hosts"]]
 
+    def command_prefix(self, host: Host) -> list[str]:
+        return ["ip", "netns", "exec", host.netns]
+
+    def threads_per_rank(self, world_size: int) -> int:
+        """Every rank of a local trial runs on this machine: its CPUs shared evenly, at least one each."""
+        return max(1, (os.cpu_count() or 1) // max(1, world_size))
+
     def _argv(self, host: Host, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", host.netns, *argv]
+        return [*self.command_prefix(host), *argv]
 
     def run(self, host: Host, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
         return subprocess.run(self._argv(host, argv), capture_output=True, text=True, timeout=timeout_s, check=False)
