@@ -37,6 +37,7 @@ test-unit: venv
 
 lint: venv
 	$(BIN)/ruff check testbed shaping runners tests bench
+	$(BIN)/lint-imports  # layer contracts: pyproject.toml [tool.importlinter], docs/architecture.md
 	@if [ -d ansible/playbooks ]; then cd ansible && ../$(BIN)/ansible-playbook --syntax-check -i inventory.example.yml playbooks/*.yml >/dev/null && ../$(BIN)/ansible-lint -q playbooks roles; fi
 
 bench: sysdeps venv

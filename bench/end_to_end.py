@@ -115,7 +115,7 @@ def main() -> int:
         print(f"| {wall:.2f} s | {compute:.2f} s | {imports:.2f} s | {overhead:.2f} s | <= 3 s "
               f"{'PASS' if overhead <= 3 else 'MISS'} |")
     finally:
-        LocalCluster.down(NAME)
+        LocalCluster.remove(NAME)
     return 0
 
 

@@ -70,7 +70,7 @@ def netns_support(name: str) -> tuple[bool, str]:
             if rate != 1_000_000_000:
                 return False, f"HTB read back {rate}, not 1gbit"
         finally:
-            LocalCluster.down(name + "p")
+            LocalCluster.remove(name + "p")
         return True, "netns, veth, bridge and HTB work"
     except Exception as e:  # noqa: BLE001 - the finding is the point
         return False, f"{type(e).__name__}: {e}"
@@ -221,7 +221,7 @@ def main() -> int:
                 print(f"  {trial.label()}: {row['status']} {row.get('error') or ''}", file=sys.stderr)
     finally:
         if ok:
-            LocalCluster.down(args.name)
+            LocalCluster.remove(args.name)
 
     print("| rate | compressor | backend | status | ms/iter (p50) | samples/s | wire tx MB/iter/host | "
           "probe goodput | NCCL busbw | device |")

@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from shaping.plan import LinkShape, ideal_goodput_bps  # noqa: E402
-from shaping.probe import probe_pair  # noqa: E402
 from shaping.units import format_rate, format_size, parse_rate_bps  # noqa: E402
+from testbed.probe import probe_pair  # noqa: E402
 
 FULL_RATES = "10mbit,100mbit,500mbit,1gbit,2gbit,5gbit,8gbit"
 QUICK_RATES = "100mbit,1gbit,5gbit"
@@ -87,7 +87,7 @@ def accuracy(rates: list[int], streams: list[int], duration_s: float, rerun: boo
                     rows.append(row)
                     print(f"  {label:26} {format_rate(rate):>8} x{n}: {_ratios(row)} {row['verdict']}", file=sys.stderr)
     finally:
-        LocalCluster.down(name)
+        LocalCluster.remove(name)
     return rows
 
 
@@ -118,10 +118,10 @@ def timing(host_counts: list[int], repeats: int) -> list[dict]:
                 LocalCluster.up(name, n, shape=LinkShape(10**9))
                 api_up.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                LocalCluster.down(name)
+                LocalCluster.remove(name)
                 api_down.append(time.perf_counter() - t0)
             finally:
-                LocalCluster.down(name)
+                LocalCluster.remove(name)
         row = {
             "hosts": n,
             "cli_up_s": statistics.median(cli_up),

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import ipaddress
 import json
-import os
 import subprocess
 import sys
 from typing import Any
 
-from shaping import commit_confirm, ingress, tc
+from shaping import commit_confirm, ingress, lockout, tc
+from shaping.errors import InputError, ShapingError, TestbedError
 from shaping.plan import LinkShape, render_tc, shape_from_flags
 from shaping.units import format_rate
-from testbed.errors import InputError, ShapingError, TestbedError
-
-BURST_TOLERANCE = 0.02  # burst read back from ticks rounds; within 2% it is the same plan
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,104 +82,7 @@ def _shape(args: argparse.Namespace) -> LinkShape:
     return shape_from_flags(args.bw, args.burst, args.qdisc, args.delay, args.jitter, args.loss)
 
 
-# ---------------------------------------------------------------------------------------------- lockout protection
-def ssh_client_addresses(environ: dict[str, str] | None = None) -> list[str]:
-    """Client addresses of the SSH session this process runs in (SSH_CONNECTION / SSH_CLIENT)."""
-    env = os.environ if environ is None else environ
-    out = []
-    for var in ("SSH_CONNECTION", "SSH_CLIENT"):
-        parts = env.get(var, "").split()
-        if parts:
-            addr = parts[0].split("%")[0]
-            try:
-                ip = ipaddress.ip_address(addr)
-            except ValueError:
-                continue
-            if getattr(ip, "ipv4_mapped", None):
-                ip = ip.ipv4_mapped
-            if str(ip) not in out:
-                out.append(str(ip))
-    return out
-
-
-def _sshd_peer_addresses() -> list[str]:
-    """Remote addresses of established TCP connections to a port an sshd listens on (any user's SSH session)."""
-    try:
-        import psutil
-
-        conns = psutil.net_connections(kind="tcp")
-    except Exception:  # noqa: BLE001 - best effort: SSH_CONNECTION is the primary source
-        return []
-    ports = {22}
-    for c in conns:
-        if c.status == "LISTEN" and c.pid:
-            try:
-                if psutil.Process(c.pid).name().startswith("sshd"):
-                    ports.add(c.laddr.port)
-            except Exception:  # noqa: BLE001
-                continue
-    return sorted({c.raddr.ip for c in conns if c.status == "ESTABLISHED" and c.raddr and c.laddr.port in ports})
-
-
-def management_interfaces(extra_addresses: list[str] = (), netns: str | None = None) -> dict[str, str]:
-    """Interfaces whose shaping could cut off the controller: {ifname: why}. Routes each SSH client address (and
-    `extra_addresses`) to its output device, then adds that device's lower devices (VLAN parent, bridge/bond ports)."""
-    from pyroute2 import IPRoute
-
-    addresses = [(a, "SSH session from") for a in ssh_client_addresses()]
-    addresses += [(a, "SSH session from") for a in _sshd_peer_addresses() if a not in ssh_client_addresses()]
-    addresses += [(a, "--mgmt-addr") for a in extra_addresses]
-    out: dict[str, str] = {}
-    with IPRoute(netns=netns, flags=0) if netns else IPRoute() as ipr:
-        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
-        links = {link["index"]: link for link in ipr.get_links()}
-        for addr, why in addresses:
-            try:
-                ip = ipaddress.ip_address(addr)
-                route = ipr.route("get", dst=str(ip), family=10 if ip.version == 6 else 2)[0]
-            except Exception:  # noqa: BLE001 - unroutable: it cannot be carried by any interface here
-                continue
-            oif = route.get_attr("RTA_OIF")
-            todo = [oif]
-            while todo:
-                index = todo.pop()
-                if index not in names or names[index] in out:
-                    continue
-                out[names[index]] = f"{why} {addr}" if index == oif else f"lower device of {names[oif]} ({why} {addr})"
-                lower = links[index].get_attr("IFLA_LINK")
-                if lower and lower != index:
-                    todo.append(lower)
-                todo += [i for i, link in links.items() if link.get_attr("IFLA_MASTER") == index]
-    return out
-
-
-def check_lockout(dev: str, args: argparse.Namespace) -> None:
-    if args.force_mgmt_iface or args.netns:
-        return  # --netns: an emulated host's interface never carries this machine's SSH session
-    mgmt = management_interfaces(args.mgmt_addr)
-    if dev in mgmt:
-        raise InputError(
-            f"refusing to shape {dev}: it carries the management connection ({mgmt[dev]}); shaping it can lock the "
-            "controller out. Shape the data interface instead, or pass --force-mgmt-iface if you mean it"
-        )
-
-
 # ------------------------------------------------------------------------------------------------------- commands
-def _same(shown: dict[str, Any], want: LinkShape) -> bool:
-    if not shown or not shown.get("owned") or shown.get("qdisc") != want.qdisc:
-        return False
-    if shown.get("rate_bps") != want.rate_bps or not shown.get("burst_bytes"):
-        return False
-    if abs(shown["burst_bytes"] - want.effective_burst_bytes) > BURST_TOLERANCE * want.effective_burst_bytes:
-        return False
-    netem = shown.get("netem") or {}
-    return (
-        abs(netem.get("delay_s", 0.0) - want.delay_s) < 1e-6
-        and abs(netem.get("jitter_s", 0.0) - want.jitter_s) < 1e-6
-        and abs(netem.get("loss_pct", 0.0) - want.loss_pct) < 1e-3
-    )
-
-
 def _render_ingress(dev: str, shape: LinkShape, netns: str | None) -> list[str]:
     ip = f"ip -n {netns}" if netns else "ip"
     t = f"tc -n {netns}" if netns else "tc"
@@ -206,11 +105,11 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
     if args.dry_run:
         lines = render_tc(dev, shape, args.netns) + (_render_ingress(dev, shape, args.netns) if args.ingress else [])
         return {"dev": dev, "dry_run": True, "commands": lines, "plan": shape.to_dict()}
-    check_lockout(dev, args)
+    lockout.check_lockout(dev, netns=args.netns, force_mgmt_iface=args.force_mgmt_iface, mgmt_addresses=args.mgmt_addr)
     previous = commit_confirm.snapshot(dev, netns=args.netns)  # also: InputError if dev is missing
     want_ingress = bool(args.ingress)
-    same = _same(previous["egress"], shape) and (
-        (previous["ingress"]["active"] and _same(previous["ingress"]["shaping"], shape))
+    same = shape.matches(previous["egress"]) and (
+        (previous["ingress"]["active"] and shape.matches(previous["ingress"]["shaping"]))
         if want_ingress
         else not previous["ingress"]["active"]
     )

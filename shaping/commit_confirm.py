@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from shaping import ingress, tc
-from shaping.plan import LinkShape, default_burst_bytes
-from testbed.errors import InputError, ShapingError
+from shaping.errors import InputError, ShapingError
+from shaping.files import atomic_write
+from shaping.plan import LinkShape
 
 DEFAULT_BASE = "/run/testbed-shaping"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -76,9 +77,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(record, indent=1))
 
 
 def snapshot(dev: str, *, netns: str | None = None) -> dict[str, Any]:
@@ -86,36 +85,18 @@ def snapshot(dev: str, *, netns: str | None = None) -> dict[str, Any]:
     return {"egress": tc.show(dev, netns=netns), "ingress": ingress.show(dev, netns=netns)}
 
 
-def _shape_from(shown: dict[str, Any]) -> LinkShape:
-    """The LinkShape that reproduces a `tc.show()` read-back (a burst within 2% of the default is the default:
-    the kernel stores it in ticks and reads back a few bytes off)."""
-    netem = shown.get("netem") or {}
-    rate_bps = int(shown["rate_bps"])
-    burst = int(shown["burst_bytes"]) if shown.get("burst_bytes") else None
-    if burst is not None and abs(burst - default_burst_bytes(rate_bps)) <= 0.02 * default_burst_bytes(rate_bps):
-        burst = None
-    return LinkShape(
-        rate_bps=rate_bps,
-        burst_bytes=burst,
-        qdisc=shown["qdisc"],
-        delay_s=netem.get("delay_s", 0.0),
-        jitter_s=netem.get("jitter_s", 0.0),
-        loss_pct=netem.get("loss_pct", 0.0),
-    )
-
-
 def restore(dev: str, previous: dict[str, Any], *, netns: str | None = None) -> None:
     """Put `dev` back to a snapshot: re-apply the testbed's previous shaping, or clear it (which also brings back a
     foreign root qdisc that a forced apply saved)."""
     egress = previous.get("egress") or {}
     if egress.get("owned") and egress.get("rate_bps"):
-        tc.apply(dev, _shape_from(egress), netns=netns)
+        tc.apply(dev, LinkShape.from_dict(egress, read_back=True), netns=netns)
     else:
         tc.clear(dev, netns=netns)
     ing = previous.get("ingress") or {}
     shaped = ing.get("shaping") or {}
     if ing.get("active") and shaped.get("owned") and shaped.get("rate_bps"):
-        ingress.apply(dev, _shape_from(shaped), netns=netns)
+        ingress.apply(dev, LinkShape.from_dict(shaped, read_back=True), netns=netns)
     else:
         ingress.clear(dev, netns=netns)
 

@@ -23,8 +23,8 @@ from pyroute2 import IPRoute, protocols
 from pyroute2.netlink.exceptions import NetlinkError
 
 from shaping import tc
+from shaping.errors import InputError, PermissionDenied, ShapingError
 from shaping.plan import OWNED_MAJOR, LinkShape
-from testbed.errors import InputError, PermissionDenied, ShapingError
 
 INGRESS_HANDLE = 0xFFFF0000  # ffff:, the only handle an ingress qdisc can have
 FILTER_PRIO = OWNED_MAJOR  # 0x7e57: marks the redirect filter as the testbed's

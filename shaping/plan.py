@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from shaping.errors import InputError
 from shaping.units import format_rate, format_size
-from testbed.errors import InputError
 
 # The testbed's qdiscs carry this major handle ("7e57" reads "test"): it marks them as ours.
 OWNED_MAJOR = 0x7E57
@@ -24,6 +24,7 @@ MIN_BURST_BYTES = 64 * 1024  # GSO/TSO segments reach 64 KB: a smaller bucket st
 BURST_TIME_S = 1e-3  # default bucket: about 1 ms of data at the rate
 MAX_QUANTUM_BYTES = 200_000  # above this the kernel warns "quantum of class is big"
 TBF_LATENCY_S = 0.05  # queue tbf may build before dropping (what the papers' tc line used)
+BURST_TOLERANCE = 0.02  # the kernel stores a burst in ticks: read back, it is a few bytes off; within 2% it is equal
 ETH_HEADER_BYTES = 14
 TCP_IP_HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps 12
 
@@ -89,6 +90,57 @@ class LinkShape:
             text += f" loss {self.loss_pct:g}%"
         return text
 
+    @classmethod
+    def from_dict(cls, d: dict, *, read_back: bool = False) -> LinkShape:
+        """The LinkShape of a `to_dict()` (a cluster record), or of a `tc.show()` read-back (netem nested under
+        "netem") with `read_back=True`: then a burst within BURST_TOLERANCE of the default is the default."""
+        netem = d.get("netem") or {}
+        rate_bps = int(d["rate_bps"])
+        burst = int(d["burst_bytes"]) if d.get("burst_bytes") else None
+        tolerance = BURST_TOLERANCE if read_back else 0.0
+        if burst is not None and abs(burst - default_burst_bytes(rate_bps)) <= tolerance * default_burst_bytes(
+            rate_bps
+        ):
+            burst = None
+        return cls(
+            rate_bps=rate_bps,
+            burst_bytes=burst,
+            qdisc=d.get("qdisc") or "htb",
+            delay_s=float(d.get("delay_s", netem.get("delay_s", 0.0)) or 0.0),
+            jitter_s=float(d.get("jitter_s", netem.get("jitter_s", 0.0)) or 0.0),
+            loss_pct=float(d.get("loss_pct", netem.get("loss_pct", 0.0)) or 0.0),
+        )
+
+    def matches(self, shown: dict | None) -> bool:
+        """Whether a `tc.show()` read-back is this shape, owned by the testbed (burst within BURST_TOLERANCE: the
+        kernel's ticks round it; delay/jitter to the microsecond, loss to 0.001%)."""
+        if not shown or not shown.get("owned") or shown.get("qdisc") != self.qdisc:
+            return False
+        if shown.get("rate_bps") != self.rate_bps or not shown.get("burst_bytes"):
+            return False
+        if abs(shown["burst_bytes"] - self.effective_burst_bytes) > BURST_TOLERANCE * self.effective_burst_bytes:
+            return False
+        netem = shown.get("netem") or {}
+        return (
+            abs(netem.get("delay_s", 0.0) - self.delay_s) < 1e-6
+            and abs(netem.get("jitter_s", 0.0) - self.jitter_s) < 1e-6
+            and abs(netem.get("loss_pct", 0.0) - self.loss_pct) < 1e-3
+        )
+
+    def to_flags(self) -> list[str]:
+        """The shaping flags that ask for exactly this shape (`shape_from_flags` and `python -m shaping apply` read
+        them back to an equal LinkShape)."""
+        flags = ["--bw", str(self.rate_bps), "--qdisc", self.qdisc]
+        if self.burst_bytes is not None:
+            flags += ["--burst", str(self.burst_bytes)]
+        if self.delay_s:
+            flags += ["--delay", f"{self.delay_s * 1e6:g}us"]
+        if self.jitter_s:
+            flags += ["--jitter", f"{self.jitter_s * 1e6:g}us"]
+        if self.loss_pct:
+            flags += ["--loss", f"{self.loss_pct:g}"]
+        return flags
+
     def to_dict(self) -> dict:
         return {
             "qdisc": self.qdisc,
@@ -102,7 +154,11 @@ class LinkShape:
 
 
 def shape_from_flags(
-    bw: str, burst: str | None = None, qdisc: str = "htb", delay: str | None = None, jitter: str | None = None,
+    bw: str,
+    burst: str | None = None,
+    qdisc: str = "htb",
+    delay: str | None = None,
+    jitter: str | None = None,
     loss: str | None = None,
 ) -> LinkShape:
     """The LinkShape that the shaping flags (`--bw --burst --qdisc --delay --jitter --loss`) ask for."""

@@ -24,8 +24,9 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
+from shaping.errors import InputError, PermissionDenied, ShapingError
+from shaping.files import atomic_write
 from shaping.plan import CLASS_HANDLE, NETEM_HANDLE, OWNED_MAJOR, ROOT_HANDLE, TBF_LATENCY_S, LinkShape
-from testbed.errors import InputError, PermissionDenied, ShapingError
 
 TC_H_ROOT = 0xFFFFFFFF
 _REPLAYED_ATTRS = {"TCA_KIND", "TCA_OPTIONS", "TCA_RATE", "TCA_STAB"}  # what the kernel takes on create
@@ -37,12 +38,16 @@ class ForeignQdiscError(ShapingError):
     exit_code = 2
 
 
-def backup_dir() -> Path:
-    return Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed")) / "qdisc-backup"
+DEFAULT_STATE_DIR = Path("/run/testbed")  # the host-side default; the controller passes its own state directory
 
 
-def _backup_path(ifname: str, netns: str | None) -> Path:
-    return backup_dir() / f"{netns or '_root'}__{ifname}.json"
+def backup_dir(state_dir: str | Path | None = None) -> Path:
+    """Where foreign qdisc trees replaced with force are saved: `<state_dir>/qdisc-backup`."""
+    return Path(state_dir or DEFAULT_STATE_DIR) / "qdisc-backup"
+
+
+def _backup_path(ifname: str, netns: str | None, state_dir: str | Path | None) -> Path:
+    return backup_dir(state_dir) / f"{netns or '_root'}__{ifname}.json"
 
 
 @contextlib.contextmanager
@@ -141,8 +146,16 @@ def _apply_rate(ipr: IPRoute, index: int, ifname: str, shape: LinkShape, existin
         ipr.tc("replace", "tbf", index, ROOT_HANDLE, rate=rate_bytes_s, burst=burst, latency=TBF_LATENCY_S * 1e6)
 
 
-def apply(ifname: str, shape: LinkShape, *, netns: str | None = None, force: bool = False) -> dict[str, Any]:
-    """Shape the egress of `ifname` (in `netns`, or the root namespace) and return what was applied."""
+def apply(
+    ifname: str,
+    shape: LinkShape,
+    *,
+    netns: str | None = None,
+    force: bool = False,
+    state_dir: str | Path | None = None,
+) -> dict[str, Any]:
+    """Shape the egress of `ifname` (in `netns`, or the root namespace) and return what was applied. A foreign root
+    replaced with `force` is saved under `backup_dir(state_dir)` for `clear` to put back."""
     with _ipr(netns) as ipr:
         index = _index(ipr, ifname, netns)
         root = _root(ipr, index)
@@ -158,7 +171,7 @@ def apply(ifname: str, shape: LinkShape, *, netns: str | None = None, force: boo
         previous = _dump_tree(ipr, index) if owner == "owned" else []
         try:
             if owner == "foreign":
-                _save_tree(ipr, index, ifname, netns)
+                _save_tree(ipr, index, ifname, netns, state_dir)
                 saved = True
                 _del_root(ipr, index, root["handle"])
             existing_kind = root.get_attr("TCA_KIND") if owner == "owned" else None
@@ -169,14 +182,22 @@ def apply(ifname: str, shape: LinkShape, *, netns: str | None = None, force: boo
             if shape.needs_netem:
                 _add_netem(ipr, index, ifname, shape)
         except (NetlinkError, ShapingError) as e:
-            _rollback(ipr, index, ifname, netns, restore=saved, previous=previous)
+            _rollback(ipr, index, ifname, netns, restore=saved, previous=previous, state_dir=state_dir)
             if isinstance(e, ShapingError):
                 raise
             raise _netlink_fail(f"shaping {shape.describe()}", where, e) from None
     return {"ifname": ifname, "netns": netns, "replaced_foreign": saved, **shape.to_dict()}
 
 
-def _rollback(ipr: IPRoute, index: int, ifname: str, netns: str | None, restore: bool, previous: list[dict]) -> None:
+def _rollback(
+    ipr: IPRoute,
+    index: int,
+    ifname: str,
+    netns: str | None,
+    restore: bool,
+    previous: list[dict],
+    state_dir: str | Path | None,
+) -> None:
     """Put back what was there before a failed apply: our previous shaping, or the saved foreign tree."""
     if _ownership(_root(ipr, index)) == "owned":
         with contextlib.suppress(NetlinkError):
@@ -184,11 +205,12 @@ def _rollback(ipr: IPRoute, index: int, ifname: str, netns: str | None, restore:
     if previous:
         _replay(ipr, index, ifname, previous, where_saved="(in memory)")
     if restore:
-        _restore_tree(ipr, index, ifname, netns)
+        _restore_tree(ipr, index, ifname, netns, state_dir)
 
 
-def clear(ifname: str, *, netns: str | None = None) -> bool:
-    """Remove the testbed's root qdisc and restore what was there before. Idempotent. True if anything changed."""
+def clear(ifname: str, *, netns: str | None = None, state_dir: str | Path | None = None) -> bool:
+    """Remove the testbed's root qdisc and restore what was there before (saved under `backup_dir(state_dir)`).
+    Idempotent. True if anything changed."""
     with _ipr(netns) as ipr:
         index = _index(ipr, ifname, netns)
         root = _root(ipr, index)
@@ -199,8 +221,8 @@ def clear(ifname: str, *, netns: str | None = None) -> bool:
             except NetlinkError as e:
                 raise _netlink_fail("clearing shaping", ifname, e) from None
             changed = True
-        if _backup_path(ifname, netns).exists() and _ownership(_root(ipr, index)) == "default":
-            _restore_tree(ipr, index, ifname, netns)
+        if _backup_path(ifname, netns, state_dir).exists() and _ownership(_root(ipr, index)) == "default":
+            _restore_tree(ipr, index, ifname, netns, state_dir)
             changed = True
         return changed
 
@@ -245,14 +267,12 @@ def _parents_first(messages: list[dict]) -> list[dict]:
     return ordered
 
 
-def _save_tree(ipr: IPRoute, index: int, ifname: str, netns: str | None) -> None:
+def _save_tree(ipr: IPRoute, index: int, ifname: str, netns: str | None, state_dir: str | Path | None) -> None:
     """Save a foreign qdisc tree to the backup file that `clear` replays."""
     messages = _dump_tree(ipr, index)
-    path = _backup_path(ifname, netns)
+    path = _backup_path(ifname, netns, state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(messages))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(messages))
 
 
 def _fix_dumped_options(plain: dict) -> None:
@@ -264,8 +284,8 @@ def _fix_dumped_options(plain: dict) -> None:
                     opt["version"] >>= 16
 
 
-def _restore_tree(ipr: IPRoute, index: int, ifname: str, netns: str | None) -> None:
-    path = _backup_path(ifname, netns)
+def _restore_tree(ipr: IPRoute, index: int, ifname: str, netns: str | None, state_dir: str | Path | None) -> None:
+    path = _backup_path(ifname, netns, state_dir)
     _replay(ipr, index, ifname, json.loads(path.read_text()), where_saved=str(path))
     path.unlink()
 

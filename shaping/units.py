@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 
-from testbed.errors import InputError
+from shaping.errors import InputError
 
 MIN_RATE_BPS = 1_000  # 1 kbit/s
 MAX_RATE_BPS = 400_000_000_000  # 400 Gbit/s
@@ -116,12 +116,15 @@ def _fmt_num(x: float) -> str:
     return f"{x:.6g}"
 
 
-def format_rate(bps: float) -> str:
-    """Human form of a rate in bits/s, in the units tc and users write: 9.5gbit, 100mbit, 500kbit."""
+def format_rate(bps: float, digits: int = 4) -> str:
+    """Human form of a rate in bits/s, in the units tc and users write: 9.5gbit, 100mbit, 500kbit. Rounded to
+    `digits` significant digits before the unit is chosen, so 999.99e6 reads 1gbit, not 1e+03mbit. The one rate
+    formatter of the project (the performance model and the report print 3 digits)."""
+    bps = float(f"{bps:.{digits}g}")
     for unit, scale in (("tbit", 10**12), ("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
         if bps >= scale:
-            return f"{bps / scale:.4g}{unit}"
-    return f"{bps:.4g}bit"
+            return f"{bps / scale:.{digits}g}{unit}"
+    return f"{bps:.{digits}g}bit"
 
 
 def format_size(size_bytes: float) -> str:

@@ -8,76 +8,50 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from shaping.plan import LinkShape, render_clear, render_tc, shape_from_flags
+from shaping.plan import LinkShape, render_clear, render_tc
 from shaping.units import format_rate, format_size
-from testbed.cluster import registry
+from testbed import model_cli, run_cli
+from testbed.cli_common import (
+    ArgumentParser,
+    add_json,
+    add_name,
+    add_shape_flags,
+    console,
+    err_console,
+    int_list,
+    print_json,
+    shape_from_args,
+)
+from testbed.cluster import backends, registry
 from testbed.errors import InputError, TestbedError
 
-console = Console(width=None if sys.stdout.isatty() else 140)
-err_console = Console(stderr=True)
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with the testbed's convention: one line, exit 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-        sys.exit(2)
-
-
-# ---------------------------------------------------------------------------------------------- shared flags
-def add_name(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--name",
-        default=os.environ.get("TESTBED_CLUSTER", registry.DEFAULT_CLUSTER),
-        help="cluster to address (default: %(default)s, or $TESTBED_CLUSTER)",
-    )
-
-
-def add_json(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def add_shape_flags(p: argparse.ArgumentParser, bw_required: bool = False) -> None:
-    p.add_argument("--bw", required=bw_required, help="link rate, e.g. 100mbit, 1gbit, 9.5gbit (bits/s)")
-    p.add_argument("--burst", help="token bucket size, e.g. 125kb (default: 1 ms of data at the rate, >= 64 KB)")
-    p.add_argument("--qdisc", default="htb", help="htb (default, 64-bit rates) or tbf (up to ~34 Gbit/s)")
-    p.add_argument("--delay", help="one-way delay added by netem, e.g. 5ms (needs sch_netem)")
-    p.add_argument("--jitter", help="delay variation, e.g. 1ms (needs --delay)")
-    p.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs sch_netem)")
-    p.add_argument("--force", action="store_true", help="replace a root qdisc the testbed did not create")
-
-
-def shape_from_args(args: argparse.Namespace) -> LinkShape | None:
-    """The LinkShape the flags ask for; None when no --bw is given. Raises InputError on bad values."""
-    if not getattr(args, "bw", None):
-        for flag in ("burst", "delay", "jitter", "loss"):
-            if getattr(args, flag, None):
-                raise InputError(f"--{flag} needs --bw: shaping starts from a rate")
-        return None
-    return shape_from_flags(args.bw, args.burst, args.qdisc, args.delay, args.jitter, args.loss)
-
-
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+__all__ = ["ArgumentParser", "add_json", "add_name", "build_parser", "console", "main", "print_json"]
 
 
 # ---------------------------------------------------------------------------------------------- cluster commands
 def cmd_up(args: argparse.Namespace) -> int:
     shape = shape_from_args(args)
     if args.inventory:
-        from testbed.lab_cli import lab_up
+        from testbed.cluster.lab import LabCluster
 
-        return lab_up(args, shape)
+        _, status = LabCluster.up(
+            registry.check_name(args.name),
+            args.inventory,
+            shape=shape,
+            accept_new_host_keys=args.accept_new_host_keys,
+            allow_cpu=args.allow_cpu,
+            run_playbook=not args.no_provision,
+        )
+        if args.json:
+            print_json({"created": True, **status})
+        else:
+            _print_lab_hosts(status, shape)
+        return 0
     from testbed.cluster.local import DEFAULT_SUBNET, LocalCluster
     from testbed.gpus import parse_gpus_flag
 
@@ -103,9 +77,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_lab_hosts(status: dict, shape: LinkShape | None) -> None:
+    hosts = status["hosts"]
+    what = shape.describe() if shape else "unshaped"
+    sys.stdout.write(f"lab cluster {status['name']}: {len(hosts)} hosts up, {what} on every data NIC\n")
+    for h in hosts:
+        sys.stdout.write(
+            f"  {h['name']:<12} {h['address']:<16} {h['data_iface']:<12} gpus {h.get('gpus', '?')}  "
+            f"nic {h.get('nic_speed_mbps') or '?'} Mbit/s  python {h.get('python', '?')}  torch {h.get('torch', '?')}  "
+            f"nccl {h.get('nccl') or '-'}\n"
+        )
+
+
 def _verify(cluster, shape: LinkShape | None) -> list[dict]:
-    from shaping.probe import DEFAULT_TOLERANCE, probe_pair
     from testbed.errors import ProbeError
+    from testbed.probe import DEFAULT_TOLERANCE, probe_pair
 
     hosts = cluster.hosts()
     if len(hosts) < 2:
@@ -126,25 +112,13 @@ def _verify(cluster, shape: LinkShape | None) -> list[dict]:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from testbed.cluster.local import LocalCluster, all_testbed_clusters
-
-    names = all_testbed_clusters() if args.all else [registry.check_name(args.name)]
-    if args.all:
-        names += [n for n in registry.recorded_names() if n not in names]
+    names = backends.all_cluster_names() if args.all else [registry.check_name(args.name)]
     removed_any = False
     for name in names:
-        record = registry.load_record(name)
-        if record and record.get("backend") == "lab":
-            from testbed.lab_cli import lab_down
-
-            lab_down(name)
+        done = backends.down(name)
+        if done:
             removed_any = True
-            console.print(f"cluster [bold]{name}[/]: lab shaping cleared, rank processes ended")
-            continue
-        removed = LocalCluster.down(name)
-        removed_any = removed_any or bool(removed) or record is not None
-        if removed or record:
-            console.print(f"cluster [bold]{name}[/]: removed {len(removed)} namespaces")
+            console.print(f"cluster [bold]{name}[/]: {done}")
     if not removed_any:
         console.print("nothing to remove" if args.all else f"cluster {args.name!r} is not up; nothing to remove")
     return 0
@@ -184,7 +158,7 @@ def _link_text(link: dict) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     if args.all:
-        data = [registry.open_cluster(n).status() for n in registry.recorded_names()]
+        data = [backends.open_cluster(n).status() for n in registry.recorded_names()]
         if args.json:
             print_json(data)
         else:
@@ -193,7 +167,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             if not data:
                 console.print("no cluster is up")
         return 0
-    status = registry.open_cluster(args.name).status()
+    status = backends.open_cluster(args.name).status()
     if args.json:
         print_json(status)
     else:
@@ -207,10 +181,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         raise InputError("exec needs a command: testbed exec HOST -- CMD [ARGS...]")
-    cluster = registry.open_cluster(args.name)
+    cluster = backends.open_cluster(args.name)
     host = cluster.host(args.host)
-    if cluster.backend == "local":
-        os.execvp("ip", ["ip", "netns", "exec", host.netns, *argv])  # hand the terminal to the command
+    prefix = cluster.command_prefix(host)
+    if prefix is not None:
+        os.execvp(prefix[0], [*prefix, *argv])  # hand the terminal to the command
     done = cluster.run(host, argv, timeout_s=args.timeout)
     sys.stdout.write(done.stdout)
     sys.stderr.write(done.stderr)
@@ -229,7 +204,7 @@ def cmd_shape(args: argparse.Namespace) -> int:
         raise InputError("shape needs --bw RATE or --clear")
     if shape is not None and args.clear:
         raise InputError("--bw and --clear exclude each other")
-    cluster = registry.open_cluster(args.name)
+    cluster = backends.open_cluster(args.name)
     hosts = _selected_hosts(cluster, args.hosts)
     if args.dry_run:
         for _, direction, ns, ifname in cluster.links(hosts):
@@ -251,12 +226,12 @@ def cmd_shape(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from shaping.probe import check_probe_args, probe_pair, ring_pairs
+    from testbed.probe import check_probe_args, probe_pair, ring_pairs
 
-    streams = _int_list(args.streams, "--streams")
+    streams = int_list(args.streams, "--streams")
     for s in streams:
         check_probe_args(args.duration, s)
-    cluster = registry.open_cluster(args.name)
+    cluster = backends.open_cluster(args.name)
     hosts = cluster.hosts()
     if args.pairs:
         pairs = []
@@ -267,7 +242,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
             pairs.append((cluster.host(src), cluster.host(dst)))
     else:
         pairs = ring_pairs(hosts)[: args.max_pairs]
-    shape = cluster.recorded_shape() if hasattr(cluster, "recorded_shape") else None
+    shape = cluster.recorded_shape()
     requested = shape.rate_bps if shape else None
     results = []
     with console.status("probing with iperf3...") if not args.json else contextlib.nullcontext():
@@ -307,16 +282,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
             )
         console.print(table)
     return 1 if bad else 0
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    try:
-        values = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise InputError(f"{flag} {text!r}: expected comma-separated integers, e.g. 1,4") from None
-    if not values:
-        raise InputError(f"{flag}: empty; expected comma-separated integers, e.g. 1,4")
-    return values
 
 
 # ---------------------------------------------------------------------------------------------- parser
@@ -378,23 +343,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--tolerance", type=float, default=0.93, help="flag achieved/ideal below this (default 0.93)")
     p.set_defaults(func=cmd_probe)
 
-    for register in _extensions():
-        register(sub)
+    run_cli.add_commands(sub)  # run, sweep, results
+    model_cli.add_commands(sub)  # profile, predict, report
     return parser
-
-
-def _extensions() -> list[Callable]:
-    """Subcommands that live beside their subject (run/sweep/results, profile/predict/report)."""
-    out = []
-    for module in ("testbed.run_cli", "testbed.model_cli"):
-        try:
-            mod = __import__(module, fromlist=["add_commands"])
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        out.append(mod.add_commands)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,30 +1,24 @@
 """One small exception hierarchy. The CLI turns each into a one-line message.
 
+The root (`TestbedError`, `InputError`, `PermissionDenied`, `ShapingError`) lives in shaping/errors.py, because
+shaping/ is also the host-side tool and imports nothing of testbed/; it is re-exported here, so `except` clauses and
+`isinstance` checks see one set of classes. This module adds the controller's own failures.
+
 `InputError` (bad flags, bad files, impossible requests) exits 2 and must be raised before anything is changed.
 Every other `TestbedError` is a failure while doing the work (exit 1) and is raised after rolling back.
 """
 
+from shaping.errors import InputError, PermissionDenied, ShapingError, TestbedError
 
-class TestbedError(Exception):
-    """Base of every error the testbed raises on purpose. The message is one line for the user."""
-
-    exit_code = 1
-
-
-class InputError(TestbedError, ValueError):
-    """The user asked for something invalid: says what was given and what is accepted. Nothing was changed."""
-
-    exit_code = 2
-
-
-class PermissionDenied(TestbedError):
-    """The operation needs root or CAP_NET_ADMIN."""
-
-    exit_code = 2
-
-
-class ShapingError(TestbedError):
-    """tc/netlink refused a change, or the kernel lacks a qdisc."""
+__all__ = [
+    "ClusterError",
+    "InputError",
+    "LaunchError",
+    "PermissionDenied",
+    "ProbeError",
+    "ShapingError",
+    "TestbedError",
+]
 
 
 class ClusterError(TestbedError):

@@ -118,7 +118,7 @@ def run_trial(
         else:
             cluster.clear_shaping(hosts)
         if probe and len(used) >= 2:
-            from shaping.probe import probe_pair
+            from testbed.probe import probe_pair
 
             say("probing")
             result = probe_pair(cluster, used[0], used[1], requested_bps=trial.rate_bps, duration_s=1.0)

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from testbed import modelling
 from testbed import perfmodel as pm
-from testbed.errors import InputError, TestbedError
+from testbed.errors import InputError
 
 DEFAULT_PROFILES_DIR = "profiles"
 DEFAULT_BW_RANGE = "10mbit..10gbit"
@@ -171,48 +170,6 @@ def add_commands(subparsers: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- profile
-def _measure(
-    model: str,
-    batch_size: int,
-    compressors: list[str] | None,
-    device: str,
-    *,
-    image_size=None,
-    seq_len=None,
-    iters: int = 10,
-    bucket_cap_mb: float = 25.0,
-) -> pm.Profile:
-    try:
-        from runners.profile import profile_model
-    except ImportError as exc:
-        raise TestbedError(f"cannot measure a profile here: runners.profile is not available ({exc})") from exc
-    console = _console()
-    with console.status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor)..."):
-        data = profile_model(
-            model,
-            batch_size,
-            compressors or list(pm.COMPRESSORS),
-            image_size=image_size,
-            seq_len=seq_len,
-            iters=iters,
-            bucket_cap_mb=bucket_cap_mb,
-            device=device,
-        )
-    return pm.profile_from_dict(data, source=f"profile of {model}")
-
-
-def save_profile(profile: pm.Profile, directory: str | Path) -> Path:
-    """Write `<model>-bs<batch>-<device>.json` atomically; returns the path."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / pm.profile_filename(profile.model, profile.batch_size, profile.device)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".profile-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(pm.profile_to_dict(profile), f, indent=2)
-    os.replace(tmp, path)
-    return path
-
-
 def profile_table(profile: pm.Profile) -> Table:
     t = Table(
         title=f"{profile.model} bs{profile.batch_size} on {profile.device}: forward "
@@ -237,23 +194,19 @@ def profile_table(profile: pm.Profile) -> Table:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    if args.batch_size < 1 or args.iters < 1 or args.threads < 0:
-        raise InputError("--batch-size and --iters must be >= 1, --threads >= 0")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)  # measure compute as a rank of a trial runs it
-    profile = _measure(
+    profile, path = modelling.measure_and_store(
         args.model,
         args.batch_size,
         parse_compressors(args.compressors),
         args.device,
+        args.out,
         image_size=args.image_size,
         seq_len=args.seq_len,
         iters=args.iters,
         bucket_cap_mb=args.bucket_cap_mb,
+        threads=args.threads,
+        status=_console().status,
     )
-    path = save_profile(profile, args.out)
     if args.json:
         sys.stdout.write(json.dumps({"path": str(path), **pm.profile_to_dict(profile)}, indent=2) + "\n")
         return 0
@@ -264,100 +217,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- predict
-def resolve_profile(args: argparse.Namespace) -> tuple[pm.Profile, str]:
-    """The profile `predict` uses and where it came from: --profile, the stored one, or a fresh measurement."""
-    if args.profile:
-        prof = pm.load_profile(args.profile)
-        if args.model and args.model != prof.model:
-            raise InputError(f"--model {args.model} but --profile {args.profile} is of {prof.model}; give one of them")
-        return prof, str(args.profile)
-    if not args.model:
-        raise InputError("predict needs --model NAME (stored or measured profile) or --profile FILE")
-    if args.batch_size < 1:
-        raise InputError(f"--batch-size {args.batch_size}: expected >= 1")
-    directory = Path(args.profiles)
-    exact = directory / pm.profile_filename(args.model, args.batch_size, args.device)
-    if exact.is_file():
-        return pm.load_profile(exact), str(exact)
-    same = [p for p in pm.find_profiles(directory) if p.model == args.model and p.batch_size == args.batch_size]
-    if same:
-        return same[0], f"{directory}/{pm.profile_filename(same[0].model, same[0].batch_size, same[0].device)}"
-    prof = _measure(args.model, args.batch_size, None, args.device)
-    path = save_profile(prof, directory)
-    return prof, f"{path} (measured now)"
-
-
-def predict_data(profile: pm.Profile, source: str, args: argparse.Namespace) -> dict:
-    """Everything `predict` shows, as plain data (the --json output)."""
-    bws = parse_bandwidths(args.bw, args.points)
-    latency_s, efficiency = _latency_s(args.latency), _efficiency(args.efficiency)
-    compute_k, codec_k = (
-        _positive(args.compute_speedup, "--compute-speedup"),
-        _positive(args.codec_speedup, "--codec-speedup"),
-    )
-    if args.world_size < 1:
-        raise InputError(f"--world-size {args.world_size}: expected >= 1")
-    names = parse_compressors(args.compressors) or profile.compressor_names()
-    if args.baseline not in names:
-        names = [args.baseline, *names]
-    available = profile.compressor_names()
-    missing = [n for n in [*names, args.baseline] if n not in available]
-    if missing:
-        raise InputError(
-            f"compressor(s) {', '.join(missing)} not in profile {source}; profiled: {', '.join(available)}"
-        )
-    prof = pm.what_if(profile, compute_speedup=compute_k, codec_speedup=codec_k)
-    blocks = not args.overlap_hooks
-    curves = pm.predict_curves(
-        prof,
-        args.world_size,
-        bws,
-        compressors=sorted(set(names) | {args.baseline}),
-        latency_s=latency_s,
-        efficiency=efficiency,
-        hook_blocks_backward=blocks,
-    )
-    summary = pm.summarize(
-        prof,
-        args.world_size,
-        bws,
-        baseline=args.baseline,
-        compressors=names,
-        latency_s=latency_s,
-        efficiency=efficiency,
-        hook_blocks_backward=blocks,
-    )
-    base = curves[args.baseline]
-    out = {
-        "profile": source,
-        "model": profile.model,
-        "batch_size": profile.batch_size,
-        "device": profile.device,
-        "world_size": args.world_size,
-        "latency_s": latency_s,
-        "efficiency": efficiency,
-        "compute_speedup": compute_k,
-        "codec_speedup": codec_k,
-        "hook_blocks_backward": blocks,
-        "baseline": args.baseline,
-        "bandwidths_bps": bws,
-        "compressors": {},
-    }
-    for n in names:
-        s = summary[n]
-        cx = s.crossover
-        out["compressors"][n] = {
-            "iter_time_s": [p.iter_time_s for p in curves[n]],
-            "speedup": [b.iter_time_s / p.iter_time_s for b, p in zip(base, curves[n], strict=True)],
-            "max_speedup": s.max_speedup,
-            "max_speedup_at_bps": s.at_bps,
-            "crossover": None
-            if n == args.baseline
-            else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps, "wins_below": cx.wins_below},
-        }
-    return out
-
-
 def _fmt_ms(s: float) -> str:
     ms = s * 1e3
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
@@ -369,8 +228,27 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _latency_s(args.latency), _efficiency(args.efficiency)
     _positive(args.compute_speedup, "--compute-speedup"), _positive(args.codec_speedup, "--codec-speedup")
     parse_compressors(args.compressors)
-    profile, source = resolve_profile(args)
-    data = predict_data(profile, source, args)
+    profile, source = modelling.resolve_profile(
+        profile_path=args.profile,
+        model=args.model,
+        batch_size=args.batch_size,
+        device=args.device,
+        profiles_dir=args.profiles,
+        status=_console().status,
+    )
+    data = modelling.prediction(
+        profile,
+        source,
+        bandwidths_bps=parse_bandwidths(args.bw, args.points),
+        world_size=args.world_size,
+        baseline=args.baseline,
+        compressors=parse_compressors(args.compressors),
+        latency_s=_latency_s(args.latency),
+        efficiency=_efficiency(args.efficiency),
+        compute_speedup=_positive(args.compute_speedup, "--compute-speedup"),
+        codec_speedup=_positive(args.codec_speedup, "--codec-speedup"),
+        hook_blocks_backward=not args.overlap_hooks,
+    )
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return 0
@@ -400,7 +278,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             best = min(data["compressors"][m]["iter_time_s"][i] for m in names)
             txt = _fmt_ms(c["iter_time_s"][i])
             cells.append(f"[bold green]{txt}[/]" if c["iter_time_s"][i] == best else txt)
-        t.add_row(pm._fmt_bps(b), *cells)
+        t.add_row(pm.rate_text(b), *cells)
     console.print(t)
     s = Table(
         title=f"speedup over {data['baseline']} and crossover bandwidth B* "
@@ -420,14 +298,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if cx is None:
             cx_txt = "(baseline)"
         elif cx["kind"] == "crossover":
-            cx_txt = f"{pm._fmt_bps(cx['bandwidth_bps'])} (faster {'below' if cx['wins_below'] else 'above'})"
+            cx_txt = f"{pm.rate_text(cx['bandwidth_bps'])} (faster {'below' if cx['wins_below'] else 'above'})"
         else:
             cx_txt = f"{cx['kind']} faster"
         s.add_row(
             n,
             f"{c['speedup'][0]:.2f}x",
             f"{c['speedup'][-1]:.2f}x",
-            f"{c['max_speedup']:.2f}x @ {pm._fmt_bps(c['max_speedup_at_bps'])}",
+            f"{c['max_speedup']:.2f}x @ {pm.rate_text(c['max_speedup_at_bps'])}",
             cx_txt,
         )
     console.print(s)

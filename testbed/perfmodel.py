@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from shaping.units import format_rate
 from testbed.errors import InputError
 
 PROFILE_SCHEMA = "testbed.profile/1"
@@ -216,7 +217,7 @@ class Crossover:
     crossings_bps: tuple[float, ...] = ()
 
     def describe(self, fmt: Callable[[float], str] | None = None) -> str:
-        fmt = fmt or _fmt_bps
+        fmt = fmt or rate_text
         if self.kind == "always":
             return f"always faster ({fmt(self.low_bps)}..{fmt(self.high_bps)})"
         if self.kind == "never":
@@ -225,14 +226,9 @@ class Crossover:
         return f"{fmt(self.bandwidth_bps)} (faster {side})"
 
 
-def _fmt_bps(bps: float | None) -> str:
-    if bps is None:
-        return "-"
-    bps = float(f"{bps:.3g}")  # round first so 999.99e6 prints as 1gbit, not 1e+03mbit
-    for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:.3g}{unit}"
-    return f"{bps:.3g}bit"
+def rate_text(bps: float) -> str:
+    """A rate as the model prints it: shaping.units.format_rate with 3 significant digits (1.23gbit)."""
+    return format_rate(bps, digits=3)
 
 
 # --------------------------------------------------------------------------------------------- profiles I/O
@@ -536,10 +532,48 @@ def find_crossover(
             else:
                 hi = mid
         crossings.append((math.sqrt(lo * hi), lo_wins))
-    win_to_lose = [b for b, wb in crossings if wb]
+    b_star, wins_below = choose_crossing(crossings)
+    return "crossover", b_star, wins_below, tuple(b for b, _ in crossings)
+
+
+def choose_crossing(crossings: Sequence[tuple[float, bool]]) -> tuple[float, bool]:
+    """The crossover rule, for predicted and measured curves alike. `crossings` are (bandwidth, wins_below) in rising
+    bandwidth. The reported one is the highest win->lose crossing (the bandwidth above which the compressor stops
+    paying), or else the lowest lose->win crossing. Returns (bandwidth_bps, wins_below)."""
+    win_to_lose = [b for b, wins_below in crossings if wins_below]
     if win_to_lose:
-        return "crossover", win_to_lose[-1], True, tuple(b for b, _ in crossings)
-    return "crossover", crossings[0][0], False, tuple(b for b, _ in crossings)
+        return win_to_lose[-1], True
+    return crossings[0][0], False
+
+
+def crossover_from_samples(
+    rates_bps: Sequence[float], speedups: Sequence[float]
+) -> tuple[str, float | None, bool | None]:
+    """Crossover of sampled speedups (compressor over baseline, > 1 wins) through 1.0, interpolated in log-log
+    between neighbouring rates; the same rule as `find_crossover` picks among several crossings.
+
+    Returns (kind, bandwidth_bps, wins_below): ("crossover", B, ...), ("always"/"never", None, None), or
+    ("n/a", None, None) when fewer than two rates have a positive speedup.
+    """
+    pts = sorted(
+        (r, s) for r, s in zip(rates_bps, speedups, strict=True) if r and r > 0 and s and s > 0 and not math.isnan(s)
+    )
+    if len(pts) < 2:
+        return "n/a", None, None
+    wins = [s > 1.0 for _, s in pts]
+    if all(wins):
+        return "always", None, None
+    if not any(wins):
+        return "never", None, None
+    crossings = []
+    for (r0, s0), (r1, s1), w0, w1 in zip(pts, pts[1:], wins, wins[1:], strict=False):
+        if w0 == w1:
+            continue
+        d0, d1 = math.log(s0), math.log(s1)
+        frac = d0 / (d0 - d1) if d0 != d1 else 0.5
+        crossings.append((math.exp(math.log(r0) + frac * (math.log(r1) - math.log(r0))), w0))
+    b_star, wins_below = choose_crossing(crossings)
+    return "crossover", b_star, wins_below
 
 
 def crossover(

@@ -10,8 +10,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from shaping.units import format_rate, format_size
-from testbed.cli import add_json, add_name, console, print_json
-from testbed.cluster import registry
+from testbed.cli_common import add_json, add_name, console, print_json
+from testbed.cluster import backends, registry
 from testbed.config import Trial, expand, load_sweep_toml, parse_env_pairs, parse_list, parse_rates
 from testbed.errors import InputError
 
@@ -107,7 +107,7 @@ def _cluster_for(args: argparse.Namespace, world_size: int):
         console.print(f"cluster {args.name!r} is not up: bringing up {world_size} emulated hosts")
         cluster, _ = LocalCluster.up(args.name, max(world_size, 2))
         return cluster
-    return registry.open_cluster(args.name)
+    return backends.open_cluster(args.name)
 
 
 # ---------------------------------------------------------------------------------------------------- run
@@ -134,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:  # print what would start: nothing is brought up, shaped or started
         if record is None:
             raise InputError(f"--dry-run needs a cluster that is up; start one with `testbed up --name {args.name}`")
-        cluster = registry.open_cluster(args.name)
+        cluster = backends.open_cluster(args.name)
         trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
         out = store.trial_dir(trial.trial_id)
         plan = make_plan(cluster, trial, cluster.rank_out_dir(out, trial.trial_id), timeout_s=args.timeout,

@@ -1,7 +1,9 @@
 """What every cluster backend offers the rest of the testbed.
 
-The launcher, `status`, `exec`, `shape` and `probe` only talk to this interface, so the local emulated cluster
-(`local.py`) and lab hosts over SSH (`lab.py`) share one code path.
+The launcher, `status`, `exec`, `shape`, `probe` and `down` only talk to this interface, so the local emulated
+cluster (`local.py`) and lab hosts over SSH (`lab.py`) share one code path: no caller tests `backend` or `hasattr`.
+Bringing a cluster up differs by backend (`LocalCluster.up(name, n_hosts, ...)`, `LabCluster.up(name, inventory,
+...)`); `backends.open_cluster(name)` reopens either by name.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import dataclasses
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from shaping.plan import LinkShape
+from testbed.errors import InputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,17 +67,41 @@ class Cluster(abc.ABC):
     def fetch(self, host: Host, remote_dir: Path, local_dir: Path) -> None:
         """Copy a directory of results written on a host to this machine (a no-op when it is the same path)."""
 
-    def threads_per_rank(self, ranks_on_machine: int) -> int:
-        """torch intra-op threads per rank: 0 keeps each host's default (real hosts have their own cores)."""
-        return 0
+    @abc.abstractmethod
+    def links(self, hosts: list[Host] | None = None) -> list[tuple[Host, str, str | None, str]]:
+        """(host, direction, netns, ifname) of every shaped link end of all (or the given) hosts: direction is
+        "upload" or "download"; netns is None for an interface in the host's root namespace."""
+
+    @abc.abstractmethod
+    def apply_shaping(self, shape: LinkShape, hosts: list[Host] | None = None, *, force: bool = False) -> list[dict]:
+        """Shape both directions of every (or the given) host's link, all-or-nothing (a failure restores what each
+        link had); with hosts=None it also becomes the cluster's recorded shaping. Returns what was applied."""
+
+    @abc.abstractmethod
+    def clear_shaping(self, hosts: list[Host] | None = None) -> None:
+        """Remove the testbed's shaping from every (or the given) host's link, putting back what was there."""
+
+    def recorded_shape(self) -> LinkShape | None:
+        """The shaping the cluster was brought up with, or None: restored after each trial."""
+        return None
+
+    @abc.abstractmethod
+    def command_prefix(self, host: Host) -> list[str] | None:
+        """An argv prefix that runs a command on `host` from this machine with the terminal handed over
+        (`testbed exec`), or None when commands reach the host only through `run`."""
+
+    @abc.abstractmethod
+    def threads_per_rank(self, world_size: int) -> int:
+        """CPU threads each rank of a `world_size`-rank trial should use (torch/OMP), or 0 for the host's default."""
 
     def rank_out_dir(self, local_dir: Path, trial_id: str) -> Path:
         """Where ranks write a trial's records on the hosts; `fetch` brings them to `local_dir`."""
         return local_dir
 
-    def recorded_shape(self):
-        """The shaping the cluster was brought up with (a LinkShape), or None: restored after each trial."""
-        return None
+    @abc.abstractmethod
+    def down(self) -> str:
+        """Remove what the cluster made (processes, shaping, namespaces) and forget its record; what was done, in
+        words."""
 
     @abc.abstractmethod
     def status(self) -> dict[str, Any]:
@@ -82,7 +111,5 @@ class Cluster(abc.ABC):
         for h in self.hosts():
             if h.name == name:
                 return h
-        from testbed.errors import InputError
-
         names = ", ".join(h.name for h in self.hosts())
         raise InputError(f"unknown host {name!r}; cluster {self.name!r} has: {names}")

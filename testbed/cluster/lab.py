@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import importlib.resources
 import json
 import os
 import re
@@ -33,6 +34,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shaping.plan import LinkShape
+from testbed.cluster import registry
 from testbed.cluster.base import Cluster, Host, RankProcess
 from testbed.cluster.ssh import SSHConnection, SSHTarget, command_line, detached_command_line
 from testbed.errors import ClusterError, InputError, LaunchError, ShapingError, TestbedError
@@ -45,75 +47,8 @@ DEFAULT_RUN_DIR = "/tmp/testbed-lab"
 DEFAULT_CONFIRM_WITHIN_S = 60.0
 TOKEN_ENV = "TESTBED_LAB_TOKEN"
 
-# Runs on each host with the host's Python; kept to syntax old interpreters parse so it can report "too old".
-PROBE = r"""
-import json, os, shutil, subprocess, sys
-iface = sys.argv[1]
-out = {"python": list(sys.version_info[:3]), "executable": sys.executable}
-safe = bool(iface) and "/" not in iface and iface not in (".", "..")
-path = os.path.join("/sys/class/net", iface) if safe else None
-out["iface_exists"] = bool(path and os.path.isdir(path))
-try:
-    out["ifaces"] = sorted(os.listdir("/sys/class/net"))
-except OSError:
-    out["ifaces"] = []
-speed = None
-if out["iface_exists"]:
-    try:
-        speed = int(open(os.path.join(path, "speed")).read().strip())
-    except Exception:
-        speed = None
-out["nic_speed_mbps"] = speed if speed and speed > 0 else None
-addrs = []
-if out["iface_exists"]:
-    try:
-        r = subprocess.run(["ip", "-j", "-4", "addr", "show", "dev", iface], stdout=subprocess.PIPE, timeout=10)
-        for link in json.loads(r.stdout.decode() or "[]"):
-            for a in link.get("addr_info", []):
-                addrs.append(a["local"])
-    except Exception:
-        pass
-out["addresses"] = addrs
-smi = shutil.which("nvidia-smi")
-gpus = 0
-if smi:
-    try:
-        r = subprocess.run([smi, "-L"], stdout=subprocess.PIPE, timeout=30)
-        gpus = sum(1 for line in r.stdout.decode().splitlines() if line.startswith("GPU "))
-    except Exception:
-        gpus = 0
-out["gpus"] = gpus
-out["nvidia_smi"] = bool(smi)
-try:  # versions from package metadata: importing torch costs seconds per host
-    from importlib import metadata, util
-    out["torch"] = metadata.version("torch")
-    spec = util.find_spec("torch")
-    out["cuda"] = None
-    try:
-        text = open(os.path.join(os.path.dirname(spec.origin), "version.py")).read()
-        for line in text.splitlines():
-            if line.startswith("cuda"):
-                out["cuda"] = line.split("=", 1)[1].strip().strip("'\"") or None
-    except Exception:
-        pass
-    out["nccl"] = None
-    for dist in metadata.distributions():
-        name = (dist.metadata["Name"] or "").lower()
-        if name.startswith("nvidia-nccl"):
-            out["nccl"] = dist.version
-except Exception as e:
-    out["torch"] = None
-    out["torch_error"] = str(e)[:200]
-try:
-    from shaping import ingress, tc
-    out["project"] = True
-    if out["iface_exists"]:
-        out["shaping"] = {"egress": tc.show(iface), "ingress": ingress.show(iface)}
-except Exception as e:
-    out["project"] = out.get("project", False)
-    out["project_error"] = str(e)[:200]
-print(json.dumps(out))
-"""
+# Runs on each host with the host's Python (its source is sent: the host may not have this checkout's version).
+HOST_FACTS = importlib.resources.files("testbed.cluster").joinpath("host_facts.py").read_text()
 
 
 # ------------------------------------------------------------------------------------------------------ inventory
@@ -348,13 +283,19 @@ def kill_group_script(pgid: int, token: str, grace_s: float) -> str:
     """Remote shell: end process group `pgid` if its leader still carries `token` (no pid-reuse accidents)."""
     if not isinstance(pgid, int) or pgid <= 1:
         raise LaunchError(f"refusing to signal process group {pgid!r}")
-    steps = max(1, int(grace_s * 10))
-    tok = shlex.quote(f"{TOKEN_ENV}={token}")
+    marker = shlex.quote(f"{TOKEN_ENV}={token}")
+    return _end_group_sh(str(pgid), marker, steps=max(1, int(grace_s * 10)), otherwise="exit 0") + "; true"
+
+
+def _end_group_sh(pgid: str, marker: str, *, steps: int, otherwise: str) -> str:
+    """The one shell fragment that ends a remote process group: unless the leader's environment holds `marker` (a
+    shell word) run `otherwise`; else SIGTERM the group, wait up to `steps` x 0.1 s, then SIGKILL what is left.
+    `pgid` is a number or a shell variable such as "$p"."""
     return (
-        f"grep -qz {tok} /proc/{pgid}/environ 2>/dev/null || exit 0; "
+        f"grep -qz {marker} /proc/{pgid}/environ 2>/dev/null || {otherwise}; "
         f"kill -TERM -- -{pgid} 2>/dev/null; i=0; "
         f"while kill -0 -- -{pgid} 2>/dev/null && [ $i -lt {steps} ]; do sleep 0.1; i=$((i+1)); done; "
-        f"kill -KILL -- -{pgid} 2>/dev/null; true"
+        f"kill -KILL -- -{pgid} 2>/dev/null"
     )
 
 
@@ -404,6 +345,46 @@ class LabCluster(Cluster):
             accept_new_host_keys=accept_new_host_keys,
             allow_cpu=allow_cpu,
         )
+
+    @classmethod
+    def up(
+        cls,
+        name: str,
+        inventory: str | Path,
+        *,
+        shape: LinkShape | None = None,
+        accept_new_host_keys: bool = False,
+        allow_cpu: bool = False,
+        run_playbook: bool = True,
+    ) -> tuple[LabCluster, dict[str, Any]]:
+        """Bring a lab cluster up: read the inventory, run the provision playbook (unless run_playbook=False), check
+        every host (reachability, host keys, data NIC, Python, GPUs, NIC speed against the rate), shape if a shape is
+        given (commit-confirmed), then record the cluster so `status`, `exec`, `shape`, `run`, `sweep` and `down`
+        reopen it by name. Nothing half-done: a failure after shaping clears it again, and no record is written.
+        Returns (cluster, its status); the cluster's SSH connections are closed."""
+        registry.check_name(name)
+        cluster = cls.from_inventory(
+            inventory, name=name, accept_new_host_keys=accept_new_host_keys, allow_cpu=allow_cpu
+        )
+        shaped = False
+        try:
+            cluster.provision(run_playbook=run_playbook, rate_bps=shape.rate_bps if shape else None)
+            if shape is not None:
+                cluster.apply_shaping(shape)
+                shaped = True
+            cluster.record = {**cluster.to_record(), "shape": shape.to_dict() if shape else None}
+            registry.save_record(name, cluster.record)
+            status = cluster.status()
+        except BaseException:
+            if shaped:
+                try:
+                    cluster.clear_shaping()
+                except TestbedError:
+                    pass
+            raise
+        finally:
+            cluster.close()
+        return cluster, status
 
     def to_record(self) -> dict[str, Any]:
         """What the cluster registry stores so later commands (status, run, down) can reopen this cluster."""
@@ -486,6 +467,14 @@ class LabCluster(Cluster):
                 f"({res.stderr.strip() or 'no address'}); set testbed_data_address"
             )
         return addrs[0]
+
+    def command_prefix(self, host: Host) -> None:
+        """Lab hosts are reached over SSH: `testbed exec` goes through `run`."""
+        return None
+
+    def threads_per_rank(self, world_size: int) -> int:
+        """0: each lab host keeps its own default (its ranks share that host, not this machine)."""
+        return 0
 
     def _host_argv(self, spec: LabHostSpec, argv: list[str]) -> list[str]:
         """argv[0] 'python', 'python3' or this controller's own interpreter means the host's testbed_python."""
@@ -581,15 +570,15 @@ class LabCluster(Cluster):
     def recorded_shape(self) -> LinkShape | None:
         """The shaping `testbed up --bw` put on the whole cluster (restored after each trial), if any."""
         s = (self.record or {}).get("shape")
-        if not s:
-            return None
-        return LinkShape(s["rate_bps"], s["burst_bytes"], s["qdisc"], s["delay_s"], s["jitter_s"], s["loss_pct"])
+        return LinkShape.from_dict(s) if s else None
 
     # ------------------------------------------------------------------------------------------------- checks
     def probe(self, name: str) -> dict[str, Any]:
         """Facts of one host: Python, torch/NCCL versions, GPUs, data NIC (exists, speed, addresses), shaping."""
         spec = self.specs[name]
-        res = self._conn(name).run([spec.python, "-c", PROBE, spec.data_iface], cwd=spec.project_dir, timeout_s=120)
+        res = self._conn(name).run(
+            [spec.python, "-c", HOST_FACTS, spec.data_iface], cwd=spec.project_dir, timeout_s=120
+        )
         if res.returncode != 0 or not res.stdout.strip():
             last = (res.stderr.strip().splitlines() or ["no output"])[-1]
             if res.returncode == 127 or "not found" in last or "No such file" in last:
@@ -676,9 +665,9 @@ class LabCluster(Cluster):
         self,
         shape: LinkShape,
         hosts: list[Host] | None = None,
+        *,
         force: bool = False,
         force_mgmt_iface: bool = False,
-        *,
         ingress: bool = True,
         confirm_within_s: float = DEFAULT_CONFIRM_WITHIN_S,
     ) -> list[dict]:
@@ -686,23 +675,7 @@ class LabCluster(Cluster):
         host by host with a dead-man timer, then confirmed over fresh SSH connections. Any failure rolls every host
         back to its previous shaping and raises. Returns the applied plan of each host."""
         names = self._names(hosts)
-        args = [
-            "--bw",
-            str(shape.rate_bps),
-            "--qdisc",
-            shape.qdisc,
-            "--confirm-within",
-            f"{confirm_within_s:g}",
-            "--json",
-        ]
-        if shape.burst_bytes is not None:
-            args += ["--burst", str(shape.burst_bytes)]
-        if shape.delay_s:
-            args += ["--delay", f"{shape.delay_s * 1e6:g}us"]
-        if shape.jitter_s:
-            args += ["--jitter", f"{shape.jitter_s * 1e6:g}us"]
-        if shape.loss_pct:
-            args += ["--loss", f"{shape.loss_pct:g}"]
+        args = [*shape.to_flags(), "--confirm-within", f"{confirm_within_s:g}", "--json"]
         args += ["--ingress"] * ingress + ["--force"] * force + ["--force-mgmt-iface"] * force_mgmt_iface
         applied: list[str] = []
         results = []
@@ -800,9 +773,10 @@ class LabCluster(Cluster):
             "hosts": hosts,
         }
 
-    def down(self) -> None:
+    def down(self) -> str:
         """Clear shaping on every host and end every rank process group started for this cluster (also by other
-        controller processes: their pid files on the hosts are checked against a token before signalling)."""
+        controller processes: their pid files on the hosts are checked against a token before signalling); forget
+        the cluster's record when it was opened from one."""
         self.kill_started()
 
         def host_down(n: str) -> None:
@@ -812,9 +786,8 @@ class LabCluster(Cluster):
                 f'for f in {shlex.quote(str(pids))}/{shlex.quote(n + "-")}*.pid; do [ -f "$f" ] || continue; '
                 't=${f%.pid}; [ -f "$t.rc" ] && continue; p=$(cat "$f"); '
                 'case "$p" in \'\'|*[!0-9]*) continue;; esac; [ "$p" -gt 1 ] || continue; '
-                f'grep -qz "{TOKEN_ENV}=$(basename "$t")" /proc/$p/environ 2>/dev/null || continue; '
-                "kill -TERM -- -$p 2>/dev/null; i=0; while kill -0 -- -$p 2>/dev/null && [ $i -lt 30 ]; "
-                "do sleep 0.1; i=$((i+1)); done; kill -KILL -- -$p 2>/dev/null; done; true"
+                + _end_group_sh("$p", f'"{TOKEN_ENV}=$(basename "$t")"', steps=30, otherwise="continue")
+                + "; done; true"
             )
             self._conn(n).run_line(script, timeout_s=120)
             res = self.run(n, self._shaping_argv(spec, "clear", "--dev", spec.data_iface, "--json"), timeout_s=60)
@@ -825,6 +798,9 @@ class LabCluster(Cluster):
         self.close()
         if errors:
             raise ClusterError("; ".join(errors))
+        if self.record is not None:
+            registry.delete_record(self.name)
+        return "lab shaping cleared, rank processes ended"
 
 
 def command_for(argv: list[str]) -> str:

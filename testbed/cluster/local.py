@@ -216,11 +216,15 @@ class LocalCluster(Cluster):
             return cluster, True
 
     @staticmethod
-    def down(name: str) -> list[str]:
+    def remove(name: str) -> list[str]:
         """Remove everything of cluster `name` (also a crashed one's leftovers). Returns the namespaces removed."""
         registry.check_name(name)
         with registry.locked(name):
             return _destroy(name)
+
+    def down(self) -> str:
+        """Remove this cluster: its processes, namespaces, saved qdiscs and record."""
+        return f"removed {len(self.remove(self.name))} namespaces"
 
     # ------------------------------------------------------------------ Cluster interface
     def hosts(self) -> list[Host]:
@@ -229,12 +233,15 @@ class LocalCluster(Cluster):
             for h in self.record["hosts"]
         ]
 
-    def threads_per_rank(self, ranks_on_machine: int) -> int:
-        """Every emulated host shares this machine's cores: split them among the ranks (at least one each)."""
-        return max(1, (os.cpu_count() or 1) // max(1, ranks_on_machine))
+    def command_prefix(self, host: Host) -> list[str]:
+        return ["ip", "netns", "exec", host.netns]
+
+    def threads_per_rank(self, world_size: int) -> int:
+        """Every rank of a local trial runs on this machine: its CPUs shared evenly, at least one each."""
+        return max(1, (os.cpu_count() or 1) // max(1, world_size))
 
     def _argv(self, host: Host, argv: list[str]) -> list[str]:
-        return ["ip", "netns", "exec", host.netns, *argv]
+        return [*self.command_prefix(host), *argv]
 
     def run(self, host: Host, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
         return subprocess.run(self._argv(host, argv), capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -277,25 +284,23 @@ class LocalCluster(Cluster):
         try:
             for host, direction, ns, ifname in self.links(hosts):
                 results.append(
-                    {"host": host.name, "direction": direction, **tc.apply(ifname, shape, netns=ns, force=force)}
+                    {
+                        "host": host.name,
+                        "direction": direction,
+                        **tc.apply(ifname, shape, netns=ns, force=force, state_dir=registry.state_dir()),
+                    }
                 )
                 applied.append((ns, ifname))
         except BaseException:
             for ns, ifname in applied:  # put back what each link had before this call
                 before = previous[(ns, ifname)]
                 if before["owned"] and before["rate_bps"]:
-                    netem = before.get("netem") or {}  # keep a previous delay/loss too, not only the rate
-                    restore = LinkShape(
-                        before["rate_bps"],
-                        before["burst_bytes"],
-                        before["qdisc"],
-                        netem.get("delay_s", 0.0),
-                        netem.get("jitter_s", 0.0),
-                        netem.get("loss_pct", 0.0),
-                    )
-                    tc.apply(ifname, restore, netns=ns)
+                    restore = LinkShape.from_dict(
+                        before, read_back=True
+                    )  # a previous delay/loss too, not only the rate
+                    tc.apply(ifname, restore, netns=ns, state_dir=registry.state_dir())
                 else:
-                    tc.clear(ifname, netns=ns)
+                    tc.clear(ifname, netns=ns, state_dir=registry.state_dir())
             raise
         if hosts is None:
             self._set_recorded_shape(shape.to_dict())
@@ -303,7 +308,7 @@ class LocalCluster(Cluster):
 
     def clear_shaping(self, hosts: list[Host] | None = None) -> None:
         for _, _, ns, ifname in self.links(hosts):
-            tc.clear(ifname, netns=ns)
+            tc.clear(ifname, netns=ns, state_dir=registry.state_dir())
         if hosts is None:
             self._set_recorded_shape(None)
 
@@ -314,9 +319,7 @@ class LocalCluster(Cluster):
 
     def recorded_shape(self) -> LinkShape | None:
         s = self.record.get("shape")
-        if not s:
-            return None
-        return LinkShape(s["rate_bps"], s["burst_bytes"], s["qdisc"], s["delay_s"], s["jitter_s"], s["loss_pct"])
+        return LinkShape.from_dict(s) if s else None
 
     def status(self) -> dict[str, Any]:
         hosts = []
@@ -353,7 +356,7 @@ def assign_gpus(gpus: list[int], n_hosts: int) -> list[list[int]]:
 def _describe_shape(shape: dict | None) -> str:
     if not shape:
         return "unshaped"
-    return LinkShape(shape["rate_bps"], shape["burst_bytes"], shape["qdisc"]).describe()
+    return LinkShape.from_dict(shape).describe()
 
 
 def _check_subnet(subnet: str, n_hosts: int) -> ipaddress.IPv4Network:
@@ -404,7 +407,8 @@ def _destroy(name: str) -> list[str]:
     leftover = cluster_namespaces(name)
     if leftover:
         raise ClusterError(f"could not remove namespaces {', '.join(leftover)}")
-    for path in tc.backup_dir().glob(f"{NS_PREFIX}{name}-*__*.json") if tc.backup_dir().is_dir() else []:
+    backups = tc.backup_dir(registry.state_dir())
+    for path in backups.glob(f"{NS_PREFIX}{name}-*__*.json") if backups.is_dir() else []:
         path.unlink(missing_ok=True)
     registry.delete_record(name)
     return removed

@@ -1,8 +1,8 @@
 """Which clusters exist: one JSON record per cluster name under the state directory, and a lock per name.
 
 The state lives in /run/testbed by default (tmpfs: it vanishes on reboot together with the namespaces it
-describes); `TESTBED_STATE_DIR` moves it (tests use a private one). `open_cluster(name)` returns the backend object
-for a recorded cluster, so commands never need to know which backend a name belongs to.
+describes); `TESTBED_STATE_DIR` moves it (tests use a private one). `backends.open_cluster(name)` returns the backend
+object for a recorded cluster; this module knows no backend.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shaping.files import atomic_write
 from testbed.errors import InputError
 
 DEFAULT_CLUSTER = "tb"
@@ -49,9 +50,7 @@ def load_record(name: str) -> dict[str, Any] | None:
 def save_record(name: str, record: dict[str, Any]) -> None:
     path = record_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(record, indent=2, sort_keys=True))
 
 
 def delete_record(name: str) -> None:
@@ -74,18 +73,3 @@ def locked(name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def open_cluster(name: str):
-    """The backend object of a recorded cluster; InputError when no cluster of that name is up."""
-    record = load_record(name)
-    if record is None:
-        up = ", ".join(recorded_names()) or "none"
-        raise InputError(f"no cluster named {name!r} is up (clusters up: {up}); start one with `testbed up`")
-    if record.get("backend") == "lab":
-        from testbed.cluster.lab import LabCluster
-
-        return LabCluster.from_record(record)
-    from testbed.cluster.local import LocalCluster
-
-    return LocalCluster.from_record(record)

@@ -13,7 +13,7 @@ import pytest
 from conftest import one_line, pids_in_netns
 
 from shaping.plan import ideal_goodput_bps
-from shaping.probe import DEFAULT_TOLERANCE
+from testbed.probe import DEFAULT_TOLERANCE
 
 pytestmark = pytest.mark.root
 

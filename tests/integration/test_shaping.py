@@ -15,7 +15,7 @@ from conftest import NO_NETEM_REASON, cluster_netns, kernel_has_netem, netns_lis
 
 from shaping import tc
 from shaping.plan import LinkShape, render_clear, render_tc
-from testbed.cluster import registry
+from testbed.cluster import backends
 from testbed.errors import InputError
 
 pytestmark = pytest.mark.root
@@ -86,7 +86,7 @@ def assert_htb_everywhere(name: str, rate_bps: int, burst: int, n_hosts: int = 2
 
 def status(testbed_cli, name: str) -> dict:
     """What `testbed status --json` prints, read in-process (same code, without a Python start per call)."""
-    return json.loads(json.dumps(registry.open_cluster(name).status()))
+    return json.loads(json.dumps(backends.open_cluster(name).status()))
 
 
 def test_status_cli_matches_in_process(testbed_cli, make_cluster):
@@ -292,12 +292,13 @@ def test_forced_foreign_tree_with_classes_and_leaf_qdisc_restored(scratch_netns,
     with pytest.raises(tc.ForeignQdiscError, match=r"htb 1:"):
         tc.apply("va", LinkShape(10**8), netns=ns)
     assert tree() == before
-    assert tc.apply("va", LinkShape(10**8), netns=ns, force=True)["replaced_foreign"]
+    assert tc.apply("va", LinkShape(10**8), netns=ns, force=True, state_dir=state_dir)["replaced_foreign"]
+    assert (state_dir / "qdisc-backup" / f"{ns}__va.json").exists()  # saved where the caller said
     assert tc.show("va", netns=ns)["owned"]
-    assert tc.clear("va", netns=ns)
+    assert tc.clear("va", netns=ns, state_dir=state_dir)
     assert tree() == before
     assert not (state_dir / "qdisc-backup" / f"{ns}__va.json").exists()
-    assert tc.clear("va", netns=ns) is False  # idempotent, and a foreign root is left alone
+    assert tc.clear("va", netns=ns, state_dir=state_dir) is False  # idempotent, and a foreign root is left alone
 
 
 # ---------------------------------------------------------------------------------------------- rollback

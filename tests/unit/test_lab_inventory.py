@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from shaping.__main__ import main as shaping_main
-from shaping.__main__ import ssh_client_addresses
+from shaping.lockout import ssh_client_addresses
 from testbed.cluster.lab import LabCluster, evaluate_facts, load_inventory
 from testbed.errors import ClusterError, InputError
 

@@ -14,6 +14,7 @@ from shaping.plan import (
     ideal_goodput_bps,
     render_clear,
     render_tc,
+    shape_from_flags,
 )
 from testbed.errors import InputError
 
@@ -192,3 +193,54 @@ def test_no_netem_line_without_delay_or_loss():
 def test_render_clear():
     assert render_clear("eth0") == ["tc qdisc del dev eth0 root handle 7e57:"]
     assert render_clear("h3", "tb-x-sw") == ["tc -n tb-x-sw qdisc del dev h3 root handle 7e57:"]
+
+
+# ------------------------------------------------------------------ one home: from_dict / matches / to_flags
+def test_from_dict_round_trips_to_dict():
+    for shape in (
+        LinkShape(10**9),
+        LinkShape(25 * 10**8, burst_bytes=500_000, qdisc="tbf"),
+        LinkShape(10**8, delay_s=0.005, jitter_s=0.001, loss_pct=0.1),
+    ):
+        again = LinkShape.from_dict(shape.to_dict())
+        assert again.to_dict() == shape.to_dict()
+        assert again.describe() == shape.describe()
+
+
+def test_from_dict_of_a_read_back_takes_netem_and_rounds_burst_to_default():
+    shown = {"owned": True, "qdisc": "htb", "rate_bps": 10**9, "burst_bytes": 125_003, "netem": {"delay_s": 0.002}}
+    shape = LinkShape.from_dict(shown, read_back=True)
+    assert shape == LinkShape(10**9, delay_s=0.002)  # 3 bytes off the default burst is the default
+    assert LinkShape.from_dict(shown).burst_bytes == 125_003  # a record keeps its burst exactly
+    far = LinkShape.from_dict({**shown, "burst_bytes": 250_000}, read_back=True)
+    assert far.burst_bytes == 250_000
+
+
+def test_matches_a_read_back_within_tolerance():
+    shape = LinkShape(10**9, delay_s=0.002)
+    shown = {"owned": True, "qdisc": "htb", "rate_bps": 10**9, "burst_bytes": 125_100, "netem": {"delay_s": 0.002}}
+    assert shape.matches(shown)
+    assert not shape.matches({**shown, "owned": False})
+    assert not shape.matches({**shown, "rate_bps": 10**8})
+    assert not shape.matches({**shown, "burst_bytes": 200_000})
+    assert not shape.matches({**shown, "netem": {}})
+    assert not LinkShape(10**9, qdisc="tbf").matches(shown)
+    assert not shape.matches(None)
+
+
+def test_to_flags_parse_back_to_the_same_shape():
+    for shape in (
+        LinkShape(10**9),
+        LinkShape(25 * 10**8, burst_bytes=500_000, qdisc="tbf"),
+        LinkShape(10**8, delay_s=0.005, jitter_s=0.001, loss_pct=0.1),
+    ):
+        flags = dict(zip(shape.to_flags()[::2], shape.to_flags()[1::2], strict=True))
+        again = shape_from_flags(
+            flags["--bw"],
+            flags.get("--burst"),
+            flags["--qdisc"],
+            flags.get("--delay"),
+            flags.get("--jitter"),
+            flags.get("--loss"),
+        )
+        assert again == shape

@@ -1,0 +1,195 @@
+"""The performance model's work behind `testbed profile` and `testbed predict`: measure and store profiles, pick the
+profile a prediction uses, and assemble a prediction as plain data. The CLI (model_cli.py) parses flags, calls one
+of these and prints; the equations live in perfmodel.py.
+
+Measuring imports runners.profile (and torch) only when a measurement is asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from shaping.files import atomic_write
+from testbed import perfmodel as pm
+from testbed.errors import InputError, TestbedError
+
+Status = Callable[[str], AbstractContextManager[Any]]  # e.g. rich's Console.status: shown while measuring
+
+
+def _quiet(_: str) -> AbstractContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+def measure_profile(
+    model: str,
+    batch_size: int,
+    compressors: list[str] | None,
+    device: str,
+    *,
+    image_size: int | None = None,
+    seq_len: int | None = None,
+    iters: int = 10,
+    bucket_cap_mb: float = 25.0,
+    threads: int = 0,
+    status: Status = _quiet,
+) -> pm.Profile:
+    """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
+    `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it."""
+    try:
+        from runners.profile import profile_model
+    except ImportError as exc:
+        raise TestbedError(f"cannot measure a profile here: runners.profile is not available ({exc})") from exc
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    with status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor)..."):
+        data = profile_model(
+            model,
+            batch_size,
+            compressors or list(pm.COMPRESSORS),
+            image_size=image_size,
+            seq_len=seq_len,
+            iters=iters,
+            bucket_cap_mb=bucket_cap_mb,
+            device=device,
+        )
+    return pm.profile_from_dict(data, source=f"profile of {model}")
+
+
+def save_profile(profile: pm.Profile, directory: str | Path) -> Path:
+    """Write `<model>-bs<batch>-<device>.json` atomically; returns the path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / pm.profile_filename(profile.model, profile.batch_size, profile.device)
+    return atomic_write(path, json.dumps(pm.profile_to_dict(profile), indent=2))
+
+
+def measure_and_store(
+    model: str,
+    batch_size: int,
+    compressors: list[str] | None,
+    device: str,
+    directory: str | Path,
+    **measure: Any,
+) -> tuple[pm.Profile, Path]:
+    """`testbed profile`: measure (see measure_profile for the keywords) and store; returns (profile, path)."""
+    if batch_size < 1 or measure.get("iters", 10) < 1 or measure.get("threads", 0) < 0:
+        raise InputError("--batch-size and --iters must be >= 1, --threads >= 0")
+    profile = measure_profile(model, batch_size, compressors, device, **measure)
+    return profile, save_profile(profile, directory)
+
+
+def resolve_profile(
+    *,
+    profile_path: str | Path | None,
+    model: str | None,
+    batch_size: int,
+    device: str,
+    profiles_dir: str | Path,
+    status: Status = _quiet,
+) -> tuple[pm.Profile, str]:
+    """The profile a prediction uses and where it came from: the file given, the one stored for (model, batch size,
+    device) in `profiles_dir` (or another device's), or a fresh measurement that is stored there."""
+    if profile_path:
+        prof = pm.load_profile(profile_path)
+        if model and model != prof.model:
+            raise InputError(f"--model {model} but --profile {profile_path} is of {prof.model}; give one of them")
+        return prof, str(profile_path)
+    if not model:
+        raise InputError("predict needs --model NAME (stored or measured profile) or --profile FILE")
+    if batch_size < 1:
+        raise InputError(f"--batch-size {batch_size}: expected >= 1")
+    directory = Path(profiles_dir)
+    exact = directory / pm.profile_filename(model, batch_size, device)
+    if exact.is_file():
+        return pm.load_profile(exact), str(exact)
+    same = [p for p in pm.find_profiles(directory) if p.model == model and p.batch_size == batch_size]
+    if same:
+        return same[0], f"{directory}/{pm.profile_filename(same[0].model, same[0].batch_size, same[0].device)}"
+    prof = measure_profile(model, batch_size, None, device, status=status)
+    path = save_profile(prof, directory)
+    return prof, f"{path} (measured now)"
+
+
+def prediction(
+    profile: pm.Profile,
+    source: str,
+    *,
+    bandwidths_bps: list[float],
+    world_size: int,
+    baseline: str,
+    compressors: list[str] | None = None,
+    latency_s: float = 0.0,
+    efficiency: float = 1.0,
+    compute_speedup: float = 1.0,
+    codec_speedup: float = 1.0,
+    hook_blocks_backward: bool = True,
+) -> dict[str, Any]:
+    """Everything `predict` shows, as plain data (its --json output): per compressor the predicted iteration time
+    and speedup over `baseline` at each bandwidth, the best speedup and the crossover."""
+    if world_size < 1:
+        raise InputError(f"--world-size {world_size}: expected >= 1")
+    names = compressors or profile.compressor_names()
+    if baseline not in names:
+        names = [baseline, *names]
+    available = profile.compressor_names()
+    missing = [n for n in [*names, baseline] if n not in available]
+    if missing:
+        raise InputError(
+            f"compressor(s) {', '.join(missing)} not in profile {source}; profiled: {', '.join(available)}"
+        )
+    prof = pm.what_if(profile, compute_speedup=compute_speedup, codec_speedup=codec_speedup)
+    curves = pm.predict_curves(
+        prof,
+        world_size,
+        bandwidths_bps,
+        compressors=sorted(set(names) | {baseline}),
+        latency_s=latency_s,
+        efficiency=efficiency,
+        hook_blocks_backward=hook_blocks_backward,
+    )
+    summary = pm.summarize(
+        prof,
+        world_size,
+        bandwidths_bps,
+        baseline=baseline,
+        compressors=names,
+        latency_s=latency_s,
+        efficiency=efficiency,
+        hook_blocks_backward=hook_blocks_backward,
+    )
+    base = curves[baseline]
+    out: dict[str, Any] = {
+        "profile": source,
+        "model": profile.model,
+        "batch_size": profile.batch_size,
+        "device": profile.device,
+        "world_size": world_size,
+        "latency_s": latency_s,
+        "efficiency": efficiency,
+        "compute_speedup": compute_speedup,
+        "codec_speedup": codec_speedup,
+        "hook_blocks_backward": hook_blocks_backward,
+        "baseline": baseline,
+        "bandwidths_bps": bandwidths_bps,
+        "compressors": {},
+    }
+    for n in names:
+        s = summary[n]
+        cx = s.crossover
+        out["compressors"][n] = {
+            "iter_time_s": [p.iter_time_s for p in curves[n]],
+            "speedup": [b.iter_time_s / p.iter_time_s for b, p in zip(base, curves[n], strict=True)],
+            "max_speedup": s.max_speedup,
+            "max_speedup_at_bps": s.at_bps,
+            "crossover": None
+            if n == baseline
+            else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps, "wins_below": cx.wins_below},
+        }
+    return out

@@ -1,0 +1,221 @@
+"""Report: measured curves from the results store beside the performance model's prediction.
+
+`build_report(df, out_dir, ...)` takes a results DataFrame (schema_version 1, one row per trial) and writes
+PNG figures, `report.html` (figures embedded, opens without network) and `summary.md`, plus CSV tables.
+`report_from_dir(results_dir, out_dir, ...)` reads the store with `testbed.results.load_results` first.
+
+Only rows with status "ok" are plotted; the others are counted. Trials repeated with the same configuration are
+pooled: the point is the median of their p50 iteration times, the error bar spans the lowest p5 to the highest p95.
+`samples_per_s` is read as global throughput (all ranks together).
+
+The package splits the work: `analysis` (checks, pooling, speedups, crossovers, prediction errors), `figures`
+(matplotlib) and `render` (Markdown/HTML); this module runs them in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from testbed import perfmodel as pm
+from testbed.errors import InputError
+from testbed.report import render
+from testbed.report.analysis import (
+    DENSE_BASELINES,
+    GROUP_KEYS,
+    PHASE_COLUMNS,
+    REQUIRED_COLUMNS,
+    SCHEMA_VERSION,
+    ModelSettings,
+    aggregate,
+    baseline_description,
+    check_results,
+    fit_efficiency_from_trials,
+    group_label,
+    headline,
+    measured_crossover,
+    prediction_errors,
+    speedup_matrix,
+    speedup_table,
+)
+from testbed.report.figures import plot_phases, plot_scaling, plot_time_vs_bandwidth, variant_colors
+
+__all__ = [
+    "DENSE_BASELINES",
+    "PHASE_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "SCHEMA_VERSION",
+    "ReportResult",
+    "baseline_description",
+    "build_report",
+    "check_results",
+    "load_results_dir",
+    "measured_crossover",
+    "report_from_dir",
+]
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    out_dir: Path
+    html: Path
+    markdown: Path
+    figures: tuple[Path, ...]
+    headline: str
+    wins: int
+    configurations: int
+    notes: tuple[str, ...] = ()
+    tables: dict = field(default_factory=dict, compare=False)
+
+
+def build_report(
+    df: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    baseline: str = "syncsgd",
+    profiles: Sequence[pm.Profile] = (),
+    latency_s: float = 50e-6,
+    efficiency: float | str = 1.0,
+    hook_blocks_backward: bool = True,
+) -> ReportResult:
+    """Write figures, report.html and summary.md for a results frame. Raises InputError on unusable input.
+
+    `efficiency="auto"` fits it from the communication-bound syncsgd trials (1.0 when there are none).
+    """
+    desc = baseline_description(baseline)
+    auto = efficiency == "auto"
+    if not auto and not isinstance(efficiency, int | float):
+        raise InputError(f"efficiency {efficiency!r}: expected a fraction in (0, 1] or 'auto'")
+    pm.Network(1, 1.0, latency_s, 1.0 if auto else efficiency)  # validates latency and efficiency before any work
+    ok, notes, counts = check_results(df)
+    if auto:
+        fitted, used = fit_efficiency_from_trials(ok, profiles, latency_s, hook_blocks_backward)
+        if fitted is None:
+            efficiency = 1.0
+            notes.append("efficiency auto: no communication-bound syncsgd trial with a profile; used 1.0")
+        else:
+            efficiency = fitted
+            notes.append(f"efficiency fitted from {used} syncsgd trial(s): {fitted:.3f}")
+    s = ModelSettings(latency_s, efficiency, hook_blocks_backward)
+    agg = aggregate(ok)
+    sp, sp_notes = speedup_table(agg, baseline)
+    notes += sp_notes
+    head, wins, configs = headline(sp, baseline)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    colors = variant_colors(sp["variant"])
+    figures: list[tuple[str, Path]] = []
+    cx_rows: list[dict] = []
+    models_without_profile = set()
+    for key, g in sp.groupby(GROUP_KEYS):
+        model, bs, ws = key
+        prof = pm.pick_profile(profiles, model, int(bs))
+        if prof is None:
+            models_without_profile.add(model)
+        elif prof.batch_size != int(bs):
+            notes.append(f"{group_label(model, bs)}: predicted with the bs{prof.batch_size} profile")
+        stem = f"{model}_bs{int(bs)}_p{int(ws)}"
+        path, rows = plot_time_vs_bandwidth(g, key, baseline, colors, prof, s, out / f"time_vs_bw_{stem}.png")
+        figures.append((f"{group_label(*key)}: iteration time and speedup vs bandwidth", path))
+        cx_rows += rows
+        figures.append((f"{group_label(*key)}: per-phase time", plot_phases(g, key, out / f"phases_{stem}.png")))
+    for (model, bs), gm in sp.groupby(["model", "batch_size"]):
+        prof = pm.pick_profile(profiles, model, int(bs))
+        p = plot_scaling(gm, (model, bs), colors, prof, s, out / f"scaling_{model}_bs{int(bs)}.png", notes)
+        if p is not None:
+            figures.append((f"{group_label(model, bs)}: scaling", p))
+    for m in sorted(models_without_profile):
+        notes.append(f"{m}: no profile found; measured points only (run `testbed profile --model {m}`)")
+    matrix = speedup_matrix(sp)
+    errors = prediction_errors(ok, profiles, s)
+    crossovers = pd.DataFrame(
+        cx_rows,
+        columns=[
+            "model",
+            "batch_size",
+            "world_size",
+            "compressor",
+            "measured",
+            "predicted",
+            "measured_bps",
+            "predicted_bps",
+        ],
+    )
+    matrix.to_csv(out / "speedups.csv", index=False)
+    errors.to_csv(out / "prediction_error.csv", index=False)
+    crossovers.to_csv(out / "crossovers.csv", index=False)
+    status_line = f"{sum(counts.values())} trial(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    settings = (
+        f"model settings: latency {latency_s * 1e6:.0f} us (+ per-trial delay), efficiency {efficiency:.3g}, "
+        f"hooks {'block' if hook_blocks_backward else 'overlap'} backward; "
+        f"profiles used: {', '.join(sorted({f'{p.model} bs{p.batch_size} ({p.device})' for p in profiles})) or 'none'}"
+    )
+    err_summary = (
+        errors.assign(abs_error_pct=errors["error_pct"].abs())
+        .groupby("compressor")["abs_error_pct"]
+        .median()
+        .reset_index()
+        .rename(columns={"abs_error_pct": "median abs error %"})
+        if not errors.empty
+        else pd.DataFrame()
+    )
+    cx_show = crossovers.drop(columns=["measured_bps", "predicted_bps"])
+
+    render.write_markdown(
+        out / "summary.md",
+        headline=head,
+        baseline=desc,
+        status_line=status_line,
+        settings=settings,
+        notes=notes,
+        matrix=matrix,
+        crossovers=cx_show,
+        error_summary=err_summary,
+        figures=figures,
+    )
+    render.write_html(
+        out / "report.html",
+        headline=head,
+        baseline=desc,
+        status_line=status_line,
+        settings=settings,
+        notes=notes,
+        matrix=matrix,
+        crossovers=cx_show,
+        errors=errors,
+        figures=figures,
+    )
+    return ReportResult(
+        out,
+        out / "report.html",
+        out / "summary.md",
+        tuple(p for _, p in figures),
+        head,
+        wins,
+        configs,
+        tuple(notes),
+        {"speedups": matrix, "errors": errors, "crossovers": crossovers},
+    )
+
+
+def load_results_dir(results_dir: str | Path) -> pd.DataFrame:
+    """Read a results directory through the results store (`testbed.results.load_results`)."""
+    from testbed.results import load_results
+
+    return load_results(results_dir)
+
+
+def report_from_dir(
+    results_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    baseline: str = "syncsgd",
+    profiles_dir: str | Path | None = None,
+    **kwargs,
+) -> ReportResult:
+    baseline_description(baseline)
+    profiles = pm.find_profiles(profiles_dir) if profiles_dir else []
+    return build_report(load_results_dir(results_dir), out_dir, baseline=baseline, profiles=profiles, **kwargs)

@@ -1,0 +1,335 @@
+"""Report analysis: input checks on the results frame, pooling of repeated trials, speedups over a baseline, the
+headline, measured crossovers (perfmodel's rule) and the model's prediction errors. Pure pandas: no plotting, no
+output files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from shaping.units import format_rate
+from testbed import perfmodel as pm
+from testbed.errors import InputError
+
+SCHEMA_VERSION = 1
+REQUIRED_COLUMNS = (
+    "schema_version",
+    "trial_id",
+    "status",
+    "rate_bps",
+    "world_size",
+    "model",
+    "batch_size",
+    "compressor",
+    "iter_time_s_p50",
+)
+PHASE_COLUMNS = ("forward_s", "backward_s", "optimizer_s", "encode_s", "comm_s", "decode_s")
+DENSE_BASELINES = ("syncsgd", "fp16", "bf16")
+GROUP_KEYS = ["model", "batch_size", "world_size"]
+
+
+def baseline_description(baseline: str) -> str:
+    if baseline == "syncsgd":
+        return "fp32 sync SGD (syncsgd)"
+    if baseline in ("fp16", "bf16"):
+        return f"the 16-bit all-reduce baseline ({baseline})"
+    raise InputError(f"--baseline {baseline}: expected one of {', '.join(DENSE_BASELINES)}")
+
+
+def fmt_rate(bps: float) -> str:
+    if not bps or (isinstance(bps, float) and math.isnan(bps)):
+        return "unshaped"
+    return format_rate(bps)
+
+
+def _variant(compressor: str, options) -> str:
+    """Compressor label: the name, plus its options when any (powersgd[rank=4])."""
+    if options is None or (isinstance(options, float) and math.isnan(options)):
+        return compressor
+    if isinstance(options, str):
+        try:
+            options = json.loads(options) if options.strip() else {}
+        except json.JSONDecodeError:
+            return f"{compressor}[{options}]"
+    if not options:
+        return compressor
+    return f"{compressor}[{','.join(f'{k}={v}' for k, v in sorted(options.items()))}]"
+
+
+def base_compressor(variant: str) -> str:
+    """Compressor name of a variant label ('powersgd[rank=4] serial' -> 'powersgd')."""
+    return variant.split("[")[0].split(" ")[0]
+
+
+def is_serial(variant: str) -> bool:
+    return variant.endswith(" serial")
+
+
+def variant_profile(prof: pm.Profile, variant: str) -> pm.Profile:
+    """The profile to predict a variant with: serial trials reduce the buckets only after backward."""
+    return pm.serialized(prof) if is_serial(variant) else prof
+
+
+def variant_order(v: str) -> tuple:
+    base = base_compressor(v)
+    return (pm.COMPRESSORS.index(base) if base in pm.COMPRESSORS else len(pm.COMPRESSORS), v)
+
+
+def group_label(model: str, batch_size: int, world_size: int | None = None) -> str:
+    s = f"{model} bs{int(batch_size)}"
+    return s if world_size is None else f"{s}, {int(world_size)} workers"
+
+
+# --------------------------------------------------------------------------------------------- input checks
+def check_results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict[str, int]]:
+    """Validate a results frame. Returns (ok rows with derived columns, notes, status counts)."""
+    if df is None or len(df) == 0:
+        raise InputError("results: no trials found; run `testbed run` or `testbed sweep` first")
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        raise InputError(f"results: missing column(s) {', '.join(missing)}; expected results schema {SCHEMA_VERSION}")
+    notes: list[str] = []
+    versions = sorted({int(v) for v in df["schema_version"].dropna().unique()})
+    if SCHEMA_VERSION not in versions:
+        raise InputError(
+            f"results: schema_version {', '.join(map(str, versions)) or 'missing'} is not supported; "
+            f"this report reads version {SCHEMA_VERSION}"
+        )
+    if len(versions) > 1:
+        other = df["schema_version"] != SCHEMA_VERSION
+        notes.append(
+            f"{int(other.sum())} trial(s) with schema_version "
+            f"{', '.join(str(v) for v in versions if v != SCHEMA_VERSION)} skipped "
+            f"(mixed schema versions; this report reads version {SCHEMA_VERSION})"
+        )
+        df = df[~other]
+    counts = {str(k): int(v) for k, v in df["status"].value_counts().items()}
+    ok = df[df["status"] == "ok"].copy()
+    if ok.empty:
+        raise InputError(
+            f"results: no trial with status ok ({', '.join(f'{v} {k}' for k, v in counts.items())}); nothing to plot"
+        )
+    for c in (
+        "iter_time_s_p5",
+        "iter_time_s_p95",
+        "iter_time_s_mean",
+        "samples_per_s",
+        "delay_s",
+        "measured_goodput_bps",
+        "compressor_options",
+        *PHASE_COLUMNS,
+    ):
+        if c not in ok.columns:
+            ok[c] = np.nan
+    ok["t_s"] = ok["iter_time_s_p50"].fillna(ok["iter_time_s_mean"])
+    ok["lo_s"] = ok["iter_time_s_p5"].fillna(ok["t_s"])
+    ok["hi_s"] = ok["iter_time_s_p95"].fillna(ok["t_s"])
+    bad = ok["t_s"].isna() | (ok["t_s"] <= 0)
+    if bad.any():
+        notes.append(f"{int(bad.sum())} ok trial(s) without an iteration time skipped")
+        ok = ok[~bad]
+    ok["rate_bps"] = ok["rate_bps"].fillna(0).astype("int64")
+    serial = ok["serial"].fillna(False).astype(bool) if "serial" in ok.columns else [False] * len(ok)
+    ok["variant"] = [
+        _variant(c, o) + (" serial" if sr else "")
+        for c, o, sr in zip(ok["compressor"], ok["compressor_options"], serial, strict=True)
+    ]
+    return ok, notes, counts
+
+
+def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, batch, world, variant, rate): pooled repeats."""
+    keys = [*GROUP_KEYS, "variant", "compressor", "rate_bps"]
+    agg = (
+        ok.groupby(keys, dropna=False)
+        .agg(
+            t_s=("t_s", "median"),
+            lo_s=("lo_s", "min"),
+            hi_s=("hi_s", "max"),
+            trials=("trial_id", "count"),
+            samples_per_s=("samples_per_s", "median"),
+            delay_s=("delay_s", "median"),
+            **{c: (c, "mean") for c in PHASE_COLUMNS},
+        )
+        .reset_index()
+    )
+    return agg
+
+
+# --------------------------------------------------------------------------------------------- speedups
+def speedup_table(agg: pd.DataFrame, baseline: str) -> tuple[pd.DataFrame, list[str]]:
+    """Adds `speedup` (baseline time / time at the same group and rate); notes groups without a baseline."""
+    notes = []
+    base = agg[agg["variant"] == baseline][[*GROUP_KEYS, "rate_bps", "t_s"]].rename(columns={"t_s": "base_t_s"})
+    out = agg.merge(base, on=[*GROUP_KEYS, "rate_bps"], how="left")
+    out["speedup"] = out["base_t_s"] / out["t_s"]
+    for key, g in out.groupby(GROUP_KEYS):
+        if g["base_t_s"].isna().all():
+            notes.append(f"{group_label(*key)}: no ok {baseline} trials; reported without speedups")
+        elif g["base_t_s"].isna().any():
+            rates = sorted({fmt_rate(r) for r in g.loc[g["base_t_s"].isna(), "rate_bps"]})
+            notes.append(f"{group_label(*key)}: no ok {baseline} trials at {', '.join(rates)}; no speedups there")
+    return out, notes
+
+
+def counted_variants(variants: Iterable[str], baseline: str) -> list[str]:
+    """Variants that count as compression against `baseline` (16-bit baselines exclude all dense baselines)."""
+    excluded = {baseline} if baseline == "syncsgd" else set(DENSE_BASELINES)
+    return [v for v in variants if base_compressor(v) not in excluded and v != baseline]
+
+
+def headline(sp: pd.DataFrame, baseline: str) -> tuple[str, int, int]:
+    # a configuration needs a gradient exchange: single-worker trials are scaling references, not counted
+    rows = sp[
+        sp["variant"].isin(counted_variants(sp["variant"].unique(), baseline))
+        & sp["speedup"].notna()
+        & (sp["world_size"] > 1)
+    ]
+    n, m = int((rows["speedup"] > 1.0).sum()), len(rows)
+    text = f"Compression beat {baseline_description(baseline)} in {n} of {m} configurations"
+    if m:
+        best = rows.loc[rows["speedup"].idxmax()]
+        text += (
+            f" (best: {best['variant']} {best['speedup']:.2f}x on {group_label(best['model'], best['batch_size'], best['world_size'])}"
+            f" at {fmt_rate(best['rate_bps'])})"
+        )
+    return text + ".", n, m
+
+
+def measured_crossover(rates_bps: Sequence[float], speedups: Sequence[float]) -> tuple[str, float | None]:
+    """Crossover of measured speedup through 1.0 (perfmodel's rule, interpolated in log-log between shaped rates):
+    ("crossover", B), ("always"/"never", None), or ("n/a", None) when fewer than two rates have a speedup."""
+    kind, b_star, _ = pm.crossover_from_samples(rates_bps, speedups)
+    return kind, b_star
+
+
+def describe_crossover(kind: str, b: float | None) -> str:
+    if kind == "crossover":
+        return pm.rate_text(b)
+    return kind
+
+
+# --------------------------------------------------------------------------------------------- predictions
+@dataclass(frozen=True)
+class ModelSettings:
+    latency_s: float = 50e-6
+    efficiency: float = 1.0
+    hook_blocks_backward: bool = True
+
+
+def network(ws: int, bps: float, delay_s: float, s: ModelSettings) -> pm.Network:
+    d = 0.0 if delay_s is None or (isinstance(delay_s, float) and math.isnan(delay_s)) else float(delay_s)
+    return pm.Network(int(ws), float(bps), s.latency_s + d, s.efficiency)
+
+
+def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings) -> pd.DataFrame:
+    """Per ok trial: predicted vs measured iteration time (unshaped trials use their measured goodput)."""
+    rows = []
+    for _, r in ok.iterrows():
+        prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]))
+        if prof is None or r["compressor"] not in prof.compressor_names():
+            continue
+        bps = r["rate_bps"] if r["rate_bps"] > 0 else r.get("measured_goodput_bps")
+        if not bps or (isinstance(bps, float) and math.isnan(bps)):
+            continue
+        pred = pm.predict_iteration(
+            variant_profile(prof, r["variant"]),
+            r["compressor"],
+            network(r["world_size"], bps, r["delay_s"], s),
+            hook_blocks_backward=s.hook_blocks_backward,
+        ).iter_time_s
+        rows.append(
+            {
+                "trial_id": r["trial_id"],
+                "model": r["model"],
+                "batch_size": int(r["batch_size"]),
+                "world_size": int(r["world_size"]),
+                "bandwidth": fmt_rate(r["rate_bps"]),
+                "compressor": r["variant"],
+                "measured_ms": r["t_s"] * 1e3,
+                "predicted_ms": pred * 1e3,
+                "error_pct": (pred - r["t_s"]) / r["t_s"] * 100,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "trial_id",
+            "model",
+            "batch_size",
+            "world_size",
+            "bandwidth",
+            "compressor",
+            "measured_ms",
+            "predicted_ms",
+            "error_pct",
+        ],
+    )
+
+
+def fit_efficiency_from_trials(
+    ok: pd.DataFrame, profiles: Sequence[pm.Profile], latency_s: float, hook_blocks_backward: bool = True
+) -> tuple[float | None, int]:
+    """Efficiency that makes predicted syncsgd iteration times match the measured ones (median over trials).
+
+    Uses shaped syncsgd trials whose prediction at efficiency 1 is communication-bound (exposed time at least half
+    the iteration), so compute noise does not masquerade as bandwidth. Returns (efficiency or None, trials used).
+    """
+    fits = []
+    s1 = ModelSettings(latency_s, 1.0, hook_blocks_backward)
+    picked = ok[(ok["variant"] == "syncsgd") & (ok["rate_bps"] > 0)]
+    for _, r in picked.iterrows():
+        prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]))
+        if prof is None or int(r["world_size"]) < 2:
+            continue
+
+        def t(eff: float, r=r, prof=prof) -> float:
+            net = network(r["world_size"], r["rate_bps"], r["delay_s"], ModelSettings(latency_s, eff))
+            return pm.predict_iteration(prof, "syncsgd", net, hook_blocks_backward=s1.hook_blocks_backward).iter_time_s
+
+        full = pm.predict_iteration(prof, "syncsgd", network(r["world_size"], r["rate_bps"], r["delay_s"], s1))
+        if full.exposed_s < 0.5 * full.iter_time_s:
+            continue
+        if r["t_s"] <= full.iter_time_s:
+            fits.append(1.0)
+            continue
+        lo, hi = 1e-4, 1.0  # t(eff) decreases with eff
+        for _ in range(50):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if t(mid) < r["t_s"] else (mid, hi)
+        fits.append(0.5 * (lo + hi))
+    if not fits:
+        return None, 0
+    return float(np.median(fits)), len(fits)
+
+
+def speedup_matrix(sp: pd.DataFrame) -> pd.DataFrame:
+    """Wide table: one row per (model, batch, world, bandwidth), one column per compressor, cells 'N.NNx'."""
+    d = sp.copy()
+    d["bandwidth"] = [fmt_rate(r) for r in d["rate_bps"]]
+    d["order"] = [(r == 0, r) for r in d["rate_bps"]]
+    cols = sorted(d["variant"].unique(), key=variant_order)
+    rows = []
+    for (model, bs, ws, rate), g in d.groupby([*GROUP_KEYS, "rate_bps"], sort=False):
+        row = {
+            "model": model,
+            "batch_size": int(bs),
+            "world_size": int(ws),
+            "bandwidth": fmt_rate(rate),
+            "_r": (rate == 0, rate),
+        }
+        for v in cols:
+            s = g.loc[g["variant"] == v, "speedup"]
+            row[v] = f"{s.iloc[0]:.2f}x" if len(s) and not math.isnan(s.iloc[0]) else "-"
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    if out.empty:
+        return out
+    out = out.sort_values(["model", "batch_size", "world_size", "_r"]).drop(columns="_r")
+    return out.reset_index(drop=True)

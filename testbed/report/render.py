@@ -1,0 +1,117 @@
+"""Report rendering: Markdown and self-contained HTML (figures embedded as data URIs) from the analysed tables."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+
+def md_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_(none)_\n"
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(_cell(v) for v in r) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v).replace("|", "/")
+
+
+def html_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "<p><em>(none)</em></p>"
+    return df.to_html(index=False, border=0, classes="t", float_format=lambda x: f"{x:.3g}", na_rep="-")
+
+
+CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px}table.t{border-collapse:collapse;font-size:13px}
+table.t td,table.t th{border:1px solid #ccc;padding:3px 8px;text-align:right}h1{font-size:1.5em}
+.headline{font-size:1.2em;font-weight:bold;background:#eef;padding:.5em}img{max-width:100%}"""
+
+
+def write_markdown(
+    path: Path,
+    *,
+    headline: str,
+    baseline: str,
+    status_line: str,
+    settings: str,
+    notes: Sequence[str],
+    matrix: pd.DataFrame,
+    crossovers: pd.DataFrame,
+    error_summary: pd.DataFrame,
+    figures: Sequence[tuple[str, Path]],
+) -> Path:
+    """summary.md: headline, notes, the speedup matrix, crossovers, prediction errors and links to the figures."""
+    md = [
+        f"# Gradient compression report\n\n**{headline}**\n",
+        f"Baseline: {baseline}. Speedup = baseline iteration time / "
+        f"compressor iteration time at the same model, batch, workers and bandwidth.\n",
+        f"{status_line}.\n",
+        f"{settings}.\n",
+    ]
+    if notes:
+        md.append("## Notes\n\n" + "".join(f"- {n}\n" for n in notes))
+    md += [
+        "## Speedup matrix\n",
+        md_table(matrix),
+        "## Crossover bandwidth (measured vs predicted)\n",
+        md_table(crossovers),
+        "## Prediction error (median |predicted - measured| / measured per compressor)\n",
+        md_table(error_summary),
+        "Per-trial errors: `prediction_error.csv`.\n",
+        "## Figures\n",
+    ]
+    md += [f"- {title}: ![{title}]({p.name})\n" for title, p in figures]
+    path.write_text("\n".join(md))
+    return path
+
+
+def write_html(
+    path: Path,
+    *,
+    headline: str,
+    baseline: str,
+    status_line: str,
+    settings: str,
+    notes: Sequence[str],
+    matrix: pd.DataFrame,
+    crossovers: pd.DataFrame,
+    errors: pd.DataFrame,
+    figures: Sequence[tuple[str, Path]],
+) -> Path:
+    """report.html: the same content with the figures embedded as data URIs (opens without network)."""
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>Gradient compression report</title>"
+        f"<style>{CSS}</style></head><body><h1>Gradient compression report</h1>",
+        f"<p class='headline'>{html.escape(headline)}</p><p>Baseline: {html.escape(baseline)}. "
+        f"{html.escape(status_line)}. {html.escape(settings)}.</p>",
+    ]
+    if notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+    parts += [
+        "<h2>Speedup matrix</h2>",
+        html_table(matrix),
+        "<h2>Crossover bandwidth</h2>",
+        html_table(crossovers),
+        "<h2>Figures</h2>",
+    ]
+    for title, p in figures:
+        data = base64.b64encode(p.read_bytes()).decode("ascii")
+        parts.append(
+            f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
+        )
+    parts += ["<h2>Prediction error per trial</h2>", html_table(errors), "</body></html>"]
+    path.write_text("\n".join(parts))
+    return path
