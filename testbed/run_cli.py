@@ -302,18 +302,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if len(todo) > CONFIRM_GRID_ABOVE and not args.yes:
         raise InputError(f"sweep: {len(todo)} trials to run ({eta}); more than {CONFIRM_GRID_ABOVE} trials need --yes")
     cluster = _cluster_for(args, max(t.world_size for t in todo)) if todo else None
+    too_big = [t for t in todo if cluster is not None and t.world_size > len(cluster.hosts())]
+    if too_big:
+        raise InputError(
+            f"world size {too_big[0].world_size} is larger than cluster {cluster.name!r} "
+            f"({len(cluster.hosts())} hosts); use `testbed up --hosts N --recreate`"
+        )
     console.print(
         f"sweep: {len(trials)} trials, {len(trials) - len(todo)} already stored, {len(todo)} to run"
         + (f" ({eta})" if todo else "")
     )
     if cluster is None:
         return 0
-    too_big = [t for t in todo if t.world_size > len(cluster.hosts())]
-    if too_big:
-        raise InputError(
-            f"world size {too_big[0].world_size} is larger than cluster {cluster.name!r} "
-            f"({len(cluster.hosts())} hosts); use `testbed up --hosts N --recreate`"
-        )
     failed = 0
     stop_on_ctrl_c()
     columns = (

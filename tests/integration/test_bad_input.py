@@ -193,8 +193,10 @@ def _snapshot(*roots: Path, cluster: str) -> str:
     items = []
     for root in roots:
         for p in sorted(root.rglob("*")):
-            st = p.lstat()  # a directory's mtime moves with the write check (a temp file made and removed)
-            items.append(f"{p}/" if p.is_dir() and not p.is_symlink() else f"{p} {st.st_size} {st.st_mtime_ns}")
+            st = p.lstat()  # a directory's mtime moves with the write check (a temp file made and removed), a lock
+            # file's when it is taken: neither is a change
+            same = (p.is_dir() and not p.is_symlink()) or p.suffix == ".lock"
+            items.append(f"{p}" if same else f"{p} {st.st_size} {st.st_mtime_ns}")
     for ns in [n for n in netns_list() if n.startswith(f"tb-{cluster}-")]:
         items.append(f"{ns} pids {pids_in_netns(ns)}")
         qd = subprocess.run(["tc", "-n", ns, "qdisc", "show"], capture_output=True, text=True).stdout
