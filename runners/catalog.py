@@ -108,7 +108,7 @@ def _min_rate() -> Option:
 
 
 def _error_feedback(default: bool) -> Option:
-    return Option("error_feedback", "bool", default, "add the previous step's compression error (on/off)",
+    return Option("error_feedback", "bool", default, "add the previous step's compression error",
                   "--error-feedback")  # fmt: skip
 
 
@@ -126,7 +126,7 @@ COMPRESSORS: dict[str, Compressor] = {
     for c in (
         Compressor(
             "syncsgd", "uncompressed all-reduce (the baseline)", "allreduce", 1,
-            (Option("builtin", "bool", True, "DDP's own C++ all-reduce instead of a Python hook (on/off)",
+            (Option("builtin", "bool", True, "DDP's own C++ all-reduce instead of a Python hook",
                     "--builtin"),),
         ),
         Compressor("fp16", "gradients cast to float16 for the all-reduce", "allreduce", 1),
@@ -134,7 +134,7 @@ COMPRESSORS: dict[str, Compressor] = {
         Compressor(
             "powersgd", "rank-r power iteration, two all-reduces per step (Vogels et al. 2019)", "allreduce", 2,
             (_rank(), _start_iter(), _min_rate(), _error_feedback(True),
-             Option("warm_start", "bool", True, "reuse last step's Q factor (on/off)", "--warm-start"), _seed()),
+             Option("warm_start", "bool", True, "reuse last step's Q factor", "--warm-start"), _seed()),
         ),
         Compressor(
             "acpsgd", "alternating P/Q low-rank steps, one all-reduce per step (Zhang et al. 2023)", "allreduce", 1,

@@ -92,8 +92,9 @@ def add_trial_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a trial is stopped (default 600)")
     p.add_argument("--no-probe", action="store_true", help="skip the iperf3 check before each trial")
     p.add_argument("--runner-module", default="runners.train", help=argparse.SUPPRESS)
-    for key, (flag, kind) in OPTION_FLAGS.items():
-        p.add_argument(flag, dest=f"opt_{key}", type=kind, help=_option_help(key))
+    metavars = {"int": "N", "float": "X", "bool": "on|off"}
+    for key, (flag, kind) in catalog.option_flags().items():
+        p.add_argument(flag, dest=f"opt_{key}", type=_FLAG_TYPES[kind], metavar=metavars[kind], help=_option_help(key))
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
