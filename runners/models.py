@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MODELS = ("resnet18", "resnet50", "resnet101", "bert-base", "mlp", "cnn")
+from runners.catalog import MODEL_NAMES as MODELS  # the torch-free catalogue names them
 
 # ----------------------------------------------------------------------------------------------------------------
 # BERT-base

@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     c = sub.add_parser("clear", help="remove the testbed's shaping (egress and ingress)")
     common(c)
     c.add_argument("--ingress", action="store_true", help="accepted for symmetry: clear always removes both")
+    c.add_argument(
+        "--forget",
+        action="store_true",
+        help="also end any commit-confirm timer of the interface and remove its state (testbed down)",
+    )
     common(sub.add_parser("kernel-check", help="probe qdisc support in a throwaway namespace"), dev=False)
     return p
 
@@ -100,8 +105,8 @@ def _render_ingress(dev: str, shape: LinkShape, netns: str | None) -> list[str]:
 def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
     shape = _shape(args)
     dev = args.dev
-    if args.confirm_within is not None and not args.confirm_within > 0:
-        raise InputError(f"--confirm-within {args.confirm_within}: must be a positive number of seconds")
+    if args.confirm_within is not None:
+        commit_confirm.check_within(args.confirm_within)
     if args.dry_run:
         lines = render_tc(dev, shape, args.netns) + (_render_ingress(dev, shape, args.netns) if args.ingress else [])
         return {"dev": dev, "dry_run": True, "commands": lines, "plan": shape.to_dict()}
@@ -146,7 +151,10 @@ def cmd_clear(args: argparse.Namespace) -> dict[str, Any]:
     cancelled = commit_confirm.cancel(args.dev, netns=args.netns, base=args.state_dir)
     egress = tc.clear(args.dev, netns=args.netns)
     ing = ingress.clear(args.dev, netns=args.netns)
-    return {"dev": args.dev, "netns": args.netns, "changed": bool(egress or ing), "cancelled_pending": cancelled}
+    out = {"dev": args.dev, "netns": args.netns, "changed": bool(egress or ing), "cancelled_pending": cancelled}
+    if getattr(args, "forget", False):
+        out["forgotten"] = commit_confirm.forget(args.dev, netns=args.netns, base=args.state_dir)
+    return out
 
 
 def cmd_show(args: argparse.Namespace) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from shaping.files import atomic_write
 from shaping.plan import LinkShape
 
 DEFAULT_BASE = "/run/testbed-shaping"
+MAX_CONFIRM_WITHIN_S = 3600.0  # a dead-man timer that may wait longer than an hour is no protection
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -52,6 +53,16 @@ def netns_id(netns: str | None = None) -> str:
 def state_dir(netns: str | None = None, base: str | Path | None = None) -> Path:
     root = Path(base or os.environ.get("TESTBED_SHAPING_STATE_DIR", DEFAULT_BASE))
     return root / netns_id(netns)
+
+
+def check_within(within_s: float) -> float:
+    """The confirmation deadline: a finite number of seconds in (0, MAX_CONFIRM_WITHIN_S]; InputError otherwise."""
+    if isinstance(within_s, bool) or not isinstance(within_s, int | float) or not 0 < within_s <= MAX_CONFIRM_WITHIN_S:
+        raise InputError(
+            f"--confirm-within {within_s}: expected seconds in (0, {MAX_CONFIRM_WITHIN_S:g}] "
+            "(the timer must be able to fire)"
+        )
+    return float(within_s)
 
 
 def _record_path(sdir: Path, dev: str) -> Path:
@@ -135,8 +146,7 @@ def arm(
     """Record a pending change of `dev` and start the timer that restores `previous` after `within_s` seconds.
 
     If a change is already pending, its `previous` (the last confirmed state) is kept and its timer replaced."""
-    if not within_s > 0:
-        raise InputError(f"--confirm-within {within_s}: must be a positive number of seconds")
+    within_s = check_within(within_s)
     sdir = state_dir(netns, base)
     path = _record_path(sdir, dev)
     with _locked(sdir):
@@ -226,6 +236,31 @@ def rollback(dev: str, *, netns: str | None = None, base: str | Path | None = No
         restore(dev, record["previous"], netns=netns)
         path.unlink()
     return {"dev": dev, "rolled_back": True, "pending": False}
+
+
+def forget(dev: str, *, netns: str | None = None, base: str | Path | None = None) -> dict[str, Any]:
+    """Leave nothing of `dev`'s commit-confirm state behind (`testbed down`): end its timer process if one still
+    runs (whatever its record says), remove the record and the timer log, and the state directory once it is empty.
+    Does not touch the shaping: the caller clears that."""
+    sdir = state_dir(netns, base)
+    if not sdir.is_dir():
+        return {"dev": dev, "timer_ended": False, "state_removed": False}
+    ended = False
+    with _locked(sdir):
+        record = _read(_record_path(sdir, dev))
+        if record is not None and _timer_alive(record):
+            _stop_timer(record)
+            ended = True
+        for path in (_record_path(sdir, dev), sdir / f"{dev}.timer.log", _record_path(sdir, dev).with_suffix(".tmp")):
+            path.unlink(missing_ok=True)
+        others = [p for p in sdir.iterdir() if p.name != ".lock"]
+        if not others:
+            (sdir / ".lock").unlink(missing_ok=True)
+    removed = False
+    with contextlib.suppress(OSError):  # another device's record or a concurrent arm() keeps the directory
+        sdir.rmdir()
+        removed = True
+    return {"dev": dev, "timer_ended": ended, "state_removed": removed}
 
 
 def _timer(path: Path, token: str) -> int:

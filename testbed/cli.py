@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 
@@ -28,7 +29,7 @@ from testbed.cli_common import (
     shape_from_args,
 )
 from testbed.cluster import backends, registry
-from testbed.errors import InputError, TestbedError
+from testbed.errors import ClusterError, InputError, TestbedError
 
 __all__ = ["ArgumentParser", "add_json", "add_name", "build_parser", "console", "main", "print_json"]
 
@@ -156,17 +157,50 @@ def _link_text(link: dict) -> str:
     return f"{link['qdisc']} {format_rate(link['rate_bps'])}{burst}"
 
 
+def half_made_clusters(name: str | None = None) -> dict[str, list[str]]:
+    """Cluster name -> its namespaces, for namespaces with a cluster's prefix but no cluster record (what an
+    interrupted `up` or a lost state directory leaves behind). `testbed down --name NAME` removes them."""
+    from testbed.cluster.local import all_testbed_clusters, cluster_namespaces
+
+    recorded = set(registry.recorded_names())
+    names = [name] if name is not None else all_testbed_clusters()
+    out = {}
+    for n in names:
+        if n not in recorded:
+            found = cluster_namespaces(n)
+            if found:
+                out[n] = found
+    return out
+
+
+def _half_made_line(name: str, namespaces: list[str]) -> str:
+    return (
+        f"cluster {name!r} is half-made: namespaces {', '.join(namespaces)} exist without a cluster record "
+        f"(an interrupted `up`?); `testbed down --name {name}` removes them"
+    )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     if args.all:
         data = [backends.open_cluster(n).status() for n in registry.recorded_names()]
+        half = half_made_clusters()
         if args.json:
-            print_json(data)
+            print_json(data + [{"name": n, "half_made": True, "namespaces": ns} for n, ns in half.items()])
         else:
             for status in data:
                 _print_hosts(status)
-            if not data:
+            for n, ns in half.items():
+                console.print(_half_made_line(n, ns))
+            if not data and not half:
                 console.print("no cluster is up")
-        return 0
+        return 1 if half else 0
+    if registry.load_record(registry.check_name(args.name)) is None:
+        half = half_made_clusters(args.name)
+        if half:
+            if args.json:
+                print_json({"name": args.name, "half_made": True, "namespaces": half[args.name]})
+                return 1
+            raise ClusterError(_half_made_line(args.name, half[args.name]))
     status = backends.open_cluster(args.name).status()
     if args.json:
         print_json(status)
@@ -181,6 +215,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
         argv = argv[1:]
     if not argv:
         raise InputError("exec needs a command: testbed exec HOST -- CMD [ARGS...]")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise InputError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
     cluster = backends.open_cluster(args.name)
     host = cluster.host(args.host)
     prefix = cluster.command_prefix(host)
@@ -231,6 +267,12 @@ def cmd_probe(args: argparse.Namespace) -> int:
     streams = int_list(args.streams, "--streams")
     for s in streams:
         check_probe_args(args.duration, s)
+    if not 0 < args.tolerance < 1:
+        raise InputError(
+            f"--tolerance {args.tolerance:g}: expected a fraction in (0, 1) of the ideal goodput, e.g. 0.93"
+        )
+    if args.max_pairs < 1:
+        raise InputError(f"--max-pairs {args.max_pairs}: expected an integer >= 1")
     cluster = backends.open_cluster(args.name)
     hosts = cluster.hosts()
     if args.pairs:
@@ -348,10 +390,22 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+_POSITIONALS = {"path": "PATH", "results_dir": "RESULTS_DIR", "host": "HOST"}
+
+
+def refuse_empty_values(args: argparse.Namespace) -> None:
+    """An empty string is never a value: `--burst ''` must not quietly mean "the default" (nor `--out ''` the cwd)."""
+    for key, value in vars(args).items():
+        if key != "name" and isinstance(value, str) and not value.strip():
+            what = _POSITIONALS.get(key) or f"--{key.replace('_', '-')}"
+            raise InputError(f"{what} {value!r}: empty; give a value or leave the flag out for its default")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        refuse_empty_values(args)
         return int(args.func(args) or 0)
     except TestbedError as e:
         if args.debug:

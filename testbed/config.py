@@ -15,32 +15,55 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from runners import catalog
 from shaping.plan import LinkShape
 from shaping.units import format_rate, parse_rate_bps, parse_size_bytes, parse_time_s
 from testbed.errors import InputError
 
-MODELS = ("mlp", "cnn", "resnet18", "resnet50", "resnet101", "bert-base")
+MODELS = catalog.MODEL_NAMES
 DEFAULT_RUNNER = "runners.train"
+MAX_BUCKET_CAP_MB = 1024.0
 
 
 def compressor_names() -> list[str]:
-    from runners.compressors import names
+    return catalog.names()
 
-    return names()
+
+def option_flag(key: str) -> str:
+    """The CLI flag of a compressor option (sweep files name it `key`)."""
+    flag = catalog.option_flags().get(key, (None, None))[0]
+    return flag or f"options.{key}"
 
 
 def check_compressor(name: str, options: dict[str, Any]) -> None:
-    """Unknown compressor or options that do not apply: InputError before anything starts."""
-    from runners import compressors
-
+    """Unknown compressor, options that do not apply or values out of range: InputError before anything starts.
+    The same rules the compressor's state class applies inside the ranks (runners/catalog.py)."""
     try:
-        accepted = compressors.options_of(name)
+        entry = catalog.compressor(name)
     except ValueError as e:
         raise InputError(str(e)) from None
     for key in options:
-        if key not in accepted:
-            flags = ", ".join(f"--{o.replace('_', '-')}" for o in accepted) or "no options"
-            raise InputError(f"--{key.replace('_', '-')} does not apply to {name}; {name} accepts {flags}")
+        if key not in entry.option_names:
+            flags = ", ".join(option_flag(o) for o in entry.option_names) or "no options"
+            users = ", ".join(catalog.who_accepts(key)) or "no compressor"
+            raise InputError(
+                f"{option_flag(key)} does not apply to {name}; {name} accepts {flags} ({key} is for {users})"
+            )
+    for key, value in options.items():
+        try:
+            entry.option(key).check(name, value)
+        except ValueError as e:
+            raise InputError(f"{option_flag(key)} {value!r}: {e}") from None
+    try:
+        catalog.check_options(name, options)  # rules between options (e.g. powersgd start_iter with memory)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
+def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise InputError(f"{name} {value!r}: expected an integer {bound}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +107,23 @@ class Trial:
             ("--iters", self.iters, 1),
             ("--warmup-iters", self.warmup_iters, 0),
         ):
-            if not isinstance(value, int) or value < low:
-                raise InputError(f"{name} {value!r}: expected an integer >= {low}")
-        if not self.bucket_cap_mb > 0:
-            raise InputError(f"--bucket-cap-mb {self.bucket_cap_mb}: expected > 0")
+            _check_int(name, value, low)
+        _check_int("--image-size", self.image_size, *catalog.IMAGE_SIZE_RANGE)
+        _check_int("--seq-len", self.seq_len, *catalog.SEQ_LEN_RANGE)
+        cap = self.bucket_cap_mb
+        if isinstance(cap, bool) or not isinstance(cap, int | float) or not 0 < cap <= MAX_BUCKET_CAP_MB:
+            raise InputError(f"--bucket-cap-mb {cap!r}: expected a number in (0, {MAX_BUCKET_CAP_MB:g}] (MB)")
+        if not isinstance(self.serial, bool):
+            raise InputError(f"--serial {self.serial!r}: expected true or false")
+        for name, value in (("--overlap", self.overlap), ("--skew-probe", self.skew_probe)):
+            if not isinstance(value, bool):
+                raise InputError(f"{name} {value!r}: expected true or false")
         check_placement(self)
         check_compressor(self.compressor, dict(self.options))
         if self.rate_bps is not None:
             _ = self.shape  # validates qdisc/rate/burst combinations
+        elif self.burst_bytes is not None or self.delay_s:
+            raise InputError("--burst and --delay need a rate: an unshaped trial (--bw none) has no token bucket")
 
     @property
     def shape(self) -> LinkShape | None:
@@ -254,14 +286,18 @@ def load_sweep_toml(path: str | Path, **overrides: Any) -> list[Trial]:
     """Read a sweep file. Errors name the key (and for syntax errors the line)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as e:
         raise InputError(f"--config {path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"--config {path}: not UTF-8 text (byte {e.start}); expected a TOML sweep file") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise InputError(f"--config {path}: invalid TOML: {e}") from None
+        raise InputError(f"--config {path}: invalid TOML: {' '.join(str(e).split())}") from None
     sweep = doc.get("sweep", doc)
+    if not isinstance(sweep, dict):
+        raise InputError(f"{path}:{_line_of(text, 'sweep')}: sweep = {sweep!r}; expected a [sweep] table")
     unknown = sorted(set(sweep) - set(SWEEP_KEYS))
     if unknown:
         line = _line_of(text, unknown[0])
@@ -282,11 +318,28 @@ def load_sweep_toml(path: str | Path, **overrides: Any) -> list[Trial]:
         return value
 
     bws, comps, sizes = get("bw", list), get("compressor", list), get("world_size", list)
-    if not all(isinstance(w, int) for w in sizes):
+    for key, value in (("bw", bws), ("compressor", comps), ("world_size", sizes)):
+        if not value:
+            raise InputError(f"{path}:{_line_of(text, key)}: {key} = []: an empty grid; expected {SWEEP_KEYS[key]}")
+    if not all(isinstance(w, int) and not isinstance(w, bool) for w in sizes):
         raise InputError(
             f"{path}:{_line_of(text, 'world_size')}: world_size = {sizes!r}; expected {SWEEP_KEYS['world_size']}"
         )
+    if not all(isinstance(c, str) for c in comps):
+        raise InputError(
+            f"{path}:{_line_of(text, 'compressor')}: compressor = {comps!r}; expected {SWEEP_KEYS['compressor']}"
+        )
     options = get("options", dict, {})
+    for comp, opts in options.items():
+        if comp not in comps:
+            raise InputError(
+                f"{path}:{_line_of(text, comp)}: options for {comp!r}, which is not in compressor = {comps!r}; "
+                "add it to the grid or remove its options"
+            )
+        if not isinstance(opts, dict):
+            raise InputError(
+                f"{path}:{_line_of(text, comp)}: options.{comp} = {opts!r}; expected {SWEEP_KEYS['options']}"
+            )
     common: dict[str, Any] = {}
     for key, kind in (
         ("model", str),

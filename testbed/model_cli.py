@@ -21,6 +21,8 @@ from testbed.errors import InputError
 
 DEFAULT_PROFILES_DIR = "profiles"
 DEFAULT_BW_RANGE = "10mbit..10gbit"
+MAX_POINTS = 1000  # grid points of a --bw range: plenty for a smooth curve, and predict stays well under a second
+MAX_THREADS = 1024
 
 
 def _console() -> Console:
@@ -39,8 +41,8 @@ def parse_bandwidths(text: str, points: int) -> list[float]:
         lo, hi = parse_rate_bps(lo_s, "--bw"), parse_rate_bps(hi_s, "--bw")
         if lo >= hi:
             raise InputError(f"--bw {text}: the range must go from low to high, e.g. 10mbit..10gbit")
-        if points < 2:
-            raise InputError(f"--points {points}: a range needs at least 2 points")
+        if not 2 <= points <= MAX_POINTS:
+            raise InputError(f"--points {points}: a range takes at least 2 points and at most {MAX_POINTS}")
         return pm.log_grid(lo, hi, points)
     rates = sorted({float(parse_rate_bps(part, "--bw")) for part in text.split(",") if part.strip()})
     if not rates:
@@ -63,8 +65,8 @@ def _positive(text: str, flag: str) -> float:
         v = float(text)
     except ValueError:
         raise InputError(f"{flag} {text!r}: expected a positive number") from None
-    if not v > 0:
-        raise InputError(f"{flag} {text}: expected a positive number")
+    if not 0 < v < float("inf"):
+        raise InputError(f"{flag} {text}: expected a positive number, finite")
     return v
 
 
@@ -73,6 +75,35 @@ def _efficiency(text: str) -> float:
     if v > 1:
         raise InputError(f"--efficiency {text}: expected the fraction of the link a collective achieves, in (0, 1]")
     return v
+
+
+def check_model_name(model: str) -> str:
+    from runners import catalog
+
+    if model not in catalog.MODELS:
+        raise InputError(f"--model {model!r}: unknown; accepted {', '.join(catalog.MODEL_NAMES)}")
+    return model
+
+
+def check_profile_flags(args: argparse.Namespace) -> None:
+    """The profile flags that the measurement would otherwise find out about only after importing torch."""
+    import math
+
+    from runners import catalog
+
+    check_model_name(args.model)
+    for flag, value, lo, hi in (
+        ("--batch-size", args.batch_size, 1, None),
+        ("--iters", args.iters, 1, None),
+        ("--threads", args.threads, 0, MAX_THREADS),
+        ("--image-size", args.image_size, *catalog.IMAGE_SIZE_RANGE),
+        ("--seq-len", args.seq_len, *catalog.SEQ_LEN_RANGE),
+    ):
+        if value is not None and (value < lo or (hi is not None and value > hi)):
+            bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise InputError(f"{flag} {value}: expected an integer {bound}")
+    if not (math.isfinite(args.bucket_cap_mb) and 0 < args.bucket_cap_mb <= 1024):
+        raise InputError(f"--bucket-cap-mb {args.bucket_cap_mb:g}: expected a number in (0, 1024] (MB)")
 
 
 def _latency_s(text: str) -> float:
@@ -194,10 +225,15 @@ def profile_table(profile: pm.Profile) -> Table:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from testbed.outputs import check_output_dir
+
+    check_profile_flags(args)
+    compressors = parse_compressors(args.compressors)
+    check_output_dir(args.out, "--out")
     profile, path = modelling.measure_and_store(
         args.model,
         args.batch_size,
-        parse_compressors(args.compressors),
+        compressors,
         args.device,
         args.out,
         image_size=args.image_size,
@@ -228,6 +264,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _latency_s(args.latency), _efficiency(args.efficiency)
     _positive(args.compute_speedup, "--compute-speedup"), _positive(args.codec_speedup, "--codec-speedup")
     parse_compressors(args.compressors)
+    if args.world_size < 1:
+        raise InputError(f"--world-size {args.world_size}: expected >= 1")
     profile, source = modelling.resolve_profile(
         profile_path=args.profile,
         model=args.model,
@@ -315,8 +353,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- report
 def cmd_report(args: argparse.Namespace) -> int:
+    from testbed.outputs import check_output_dir
     from testbed.report import report_from_dir
 
+    check_output_dir(args.out, "--out")
     latency_s = _latency_s(args.latency)
     efficiency = "auto" if args.efficiency == "auto" else _efficiency(args.efficiency)
     profiles_dir = args.profiles

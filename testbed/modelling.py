@@ -40,6 +40,7 @@ def measure_profile(
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
     `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it."""
+    check_device(device)
     try:
         from runners.profile import profile_model
     except ImportError as exc:
@@ -60,6 +61,19 @@ def measure_profile(
             device=device,
         )
     return pm.profile_from_dict(data, source=f"profile of {model}")
+
+
+def check_device(device: str) -> None:
+    """--device cuda needs a GPU here (a measurement runs on this machine)."""
+    if device != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InputError(
+            "--device cuda: no CUDA GPU is visible on this machine; use --device cpu, or profile on a GPU host "
+            "and pass its JSON with `testbed predict --profile FILE`"
+        )
 
 
 def save_profile(profile: pm.Profile, directory: str | Path) -> Path:
@@ -112,6 +126,12 @@ def resolve_profile(
     same = [p for p in pm.find_profiles(directory) if p.model == model and p.batch_size == batch_size]
     if same:
         return same[0], f"{directory}/{pm.profile_filename(same[0].model, same[0].batch_size, same[0].device)}"
+    from runners import catalog
+    from testbed.outputs import check_output_dir
+
+    if model not in catalog.MODELS:  # a stored profile may be of any model; a measurement only of a known one
+        raise InputError(f"--model {model!r}: unknown; accepted {', '.join(catalog.MODEL_NAMES)}")
+    check_output_dir(directory, "--profiles")  # the measured profile is stored there
     prof = measure_profile(model, batch_size, None, device, status=status)
     path = save_profile(prof, directory)
     return prof, f"{path} (measured now)"

@@ -1,17 +1,25 @@
-"""The results store: one row per trial, Parquet, appended atomically.
+"""The results store: one row per attempt of a trial, Parquet, appended atomically, never overwritten.
 
 Layout of a results directory:
     results/
-      rows/<trial_id>.parquet   one file per trial, written to a temp name then renamed (atomic: a crash never
-                                leaves a half-written row; a trial id appears once, so no row is ever duplicated)
-      trials/<trial_id>/        the ranks' records (rank<r>.jsonl), summary.json and logs/rank<r>.log
-`load_results(dir)` reads every row into one DataFrame; `export_csv` writes it as CSV. The columns and their units
-are documented in docs/results-format.md; SCHEMA_VERSION changes whenever a column changes meaning.
+      rows/<trial_id>.parquet     attempt 1 of a trial: one row, written to a temp name, fsynced, then linked into
+                                  place (a crash never leaves a half-written row)
+      rows/<trial_id>.<n>.parquet attempt n >= 2 (a rerun, a resumed sweep re-running a failed trial)
+      trials/<trial_id>/          the ranks' records of attempt 1 (rank<r>.jsonl), summary.json, logs/rank<r>.log
+      trials/<trial_id>.<n>/      the same for attempt n
+An attempt's row is never replaced: a failed or interrupted attempt cannot destroy an ok one. `load_results(dir)`
+returns the best attempt per trial id (the latest ok one, else the latest one); `load(all_attempts=True)` every
+attempt. A row file that cannot be read (truncated, garbage, no permission) is reported by name on stderr and skipped.
+The columns and their units are documented in docs/results-format.md; SCHEMA_VERSION changes whenever a column
+changes meaning.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +35,7 @@ SCHEMA_VERSION = 1
 COLUMNS: dict[str, pa.DataType] = {
     "schema_version": pa.int32(),
     "trial_id": pa.string(),
+    "attempt": pa.int32(),  # 1, 2, ...: every run of a trial id is kept (missing in old stores: from the file name)
     "status": pa.string(),  # ok | failed | timeout
     "error": pa.string(),
     "started_at": pa.string(),  # ISO 8601, UTC
@@ -77,68 +86,181 @@ COLUMNS: dict[str, pa.DataType] = {
 SCHEMA = pa.schema(list(COLUMNS.items()))
 
 
+ROW_FILE = re.compile(r"^(?P<id>[^.]+?)(?:\.(?P<attempt>[0-9]+))?\.parquet$")
+Warn = Callable[[str], None]
+
+
+def warn_stderr(message: str) -> None:
+    sys.stderr.write(f"warning: {message}\n")
+
+
 class ResultsStore:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, *, flag: str = "--out"):
         self.root = Path(root)
+        self.flag = flag
         if self.root.exists() and not self.root.is_dir():
-            raise InputError(f"--out {self.root}: is a file; expected a directory for results (it is created)")
+            raise InputError(f"{flag} {self.root}: is a file; expected a directory for results (it is created)")
+        self._reserved: dict[str, int] = {}  # trial id -> attempt number handed out by trial_dir()
 
     @property
     def rows_dir(self) -> Path:
         return self.root / "rows"
 
+    def row_path(self, trial_id: str, attempt: int) -> Path:
+        return self.rows_dir / (f"{trial_id}.parquet" if attempt == 1 else f"{trial_id}.{attempt}.parquet")
+
+    def attempt_dir(self, trial_id: str, attempt: int) -> Path:
+        return self.root / "trials" / (trial_id if attempt == 1 else f"{trial_id}.{attempt}")
+
     def trial_dir(self, trial_id: str) -> Path:
-        return self.root / "trials" / trial_id
+        """The directory for the attempt about to run: the next attempt number is reserved here and `append()` of a
+        row with this trial id stores it under the same number (earlier attempts' records are never touched)."""
+        if trial_id not in self._reserved:
+            self._reserved[trial_id] = self.next_attempt(trial_id)
+        return self.attempt_dir(trial_id, self._reserved[trial_id])
+
+    def attempts(self, trial_id: str) -> dict[int, Path]:
+        """Attempt number -> row file, for the stored attempts of one trial."""
+        out = {}
+        if self.rows_dir.is_dir():
+            for p in self.rows_dir.glob(f"{glob_escape(trial_id)}*.parquet"):
+                m = ROW_FILE.match(p.name)
+                if m and m["id"] == trial_id:
+                    out[int(m["attempt"] or 1)] = p
+        return dict(sorted(out.items()))
+
+    def next_attempt(self, trial_id: str) -> int:
+        used = set(self.attempts(trial_id))
+        trials = self.root / "trials"
+        if trials.is_dir():  # an attempt killed before its row was written still owns its records
+            for p in trials.glob(f"{glob_escape(trial_id)}*"):
+                m = ROW_FILE.match(p.name + ".parquet")
+                if m and m["id"] == trial_id:
+                    used.add(int(m["attempt"] or 1))
+        return max(used, default=0) + 1
+
+    def check_writable(self) -> None:
+        """InputError now (before a trial starts) when rows could not be stored at its end."""
+        from testbed.outputs import check_output_dir
+
+        check_output_dir(self.root, self.flag, subdirs=("rows", "trials"))
 
     def ensure(self) -> None:
         try:
             self.rows_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise InputError(f"--out {self.root}: cannot create ({e.strerror})") from None
+            raise InputError(f"{self.flag} {self.root}: cannot create ({e.strerror})") from None
 
     def append(self, row: dict[str, Any]) -> Path:
-        """Write one trial's row atomically (temp file + rename); a later row with the same id replaces it."""
+        """Store one attempt's row atomically (temp file, fsync, hard link: an existing attempt is never replaced).
+        The attempt number is the one `trial_dir()` reserved for this trial id, else the next free one."""
         self.ensure()
-        full = {name: row.get(name) for name in COLUMNS}
-        full["schema_version"] = SCHEMA_VERSION
-        table = pa.Table.from_pylist([full], schema=SCHEMA)
-        final = self.rows_dir / f"{row['trial_id']}.parquet"
-        tmp = self.rows_dir / f".{row['trial_id']}.{os.getpid()}.tmp"
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        tmp.replace(final)
-        return final
+        trial_id = row["trial_id"]
+        attempt = self._reserved.pop(trial_id, None) or self.next_attempt(trial_id)
+        tmp = self.rows_dir / f".{trial_id}.{os.getpid()}.tmp"
+        try:
+            while True:
+                full = {name: row.get(name) for name in COLUMNS}
+                full["schema_version"] = SCHEMA_VERSION
+                full["attempt"] = attempt
+                pq.write_table(pa.Table.from_pylist([full], schema=SCHEMA), tmp)
+                with open(tmp, "rb") as fh:
+                    os.fsync(fh.fileno())
+                final = self.row_path(trial_id, attempt)
+                try:
+                    os.link(tmp, final)
+                except FileExistsError:
+                    attempt += 1  # another process stored this attempt meanwhile: take the next number
+                    continue
+                except OSError:  # a file system without hard links
+                    if final.exists():
+                        attempt += 1
+                        continue
+                    tmp.replace(final)
+                row["attempt"] = attempt
+                return final
+        finally:
+            tmp.unlink(missing_ok=True)
 
-    def stored_ids(self, status: str | None = "ok") -> set[str]:
-        df = self.load(missing_ok=True)
+    def stored_ids(self, status: str | None = "ok", warn: Warn = warn_stderr) -> set[str]:
+        """Trial ids whose best attempt has `status` (any status when None)."""
+        df = self.load(missing_ok=True, warn=warn)
         if df.empty:
             return set()
         if status is not None:
             df = df[df["status"] == status]
         return set(df["trial_id"])
 
-    def load(self, missing_ok: bool = False) -> pd.DataFrame:
+    def read_rows(self, warn: Warn = warn_stderr) -> list[dict[str, Any]]:
+        """Every readable attempt row; unreadable files are reported through `warn` by name and skipped."""
         files = sorted(self.rows_dir.glob("*.parquet")) if self.rows_dir.is_dir() else []
-        if not files:
+        rows = []
+        for f in files:
+            m = ROW_FILE.match(f.name)
+            try:
+                table = pq.read_table(f)
+                if table.num_rows != 1 or "trial_id" not in table.column_names or "status" not in table.column_names:
+                    raise ValueError(f"{table.num_rows} rows, columns {', '.join(table.column_names[:5])}...")
+                row = table.to_pylist()[0]
+                if row.get("attempt") is None:
+                    row["attempt"] = int(m["attempt"] or 1) if m else 1
+                pa.Table.from_pylist([{name: row.get(name) for name in COLUMNS}], schema=SCHEMA)  # types fit
+            except (OSError, ValueError, TypeError, pa.ArrowException) as e:
+                reason = " ".join(str(e).split())[:160] or type(e).__name__
+                warn(f"skipped unreadable results row {f} ({type(e).__name__}: {reason}); move it away or delete it")
+                continue
+            rows.append(row)
+        return rows
+
+    def load(self, missing_ok: bool = False, *, all_attempts: bool = False, warn: Warn = warn_stderr) -> pd.DataFrame:
+        """The best attempt per trial id (the latest ok attempt, else the latest attempt); every attempt with
+        `all_attempts`. Unreadable row files are reported through `warn` and skipped."""
+        rows = self.read_rows(warn)
+        if not rows:
             if missing_ok:
                 return pd.DataFrame(columns=list(COLUMNS))
             if not self.root.exists():
                 raise InputError(f"results directory {self.root} does not exist; run `testbed run` or `sweep` first")
+            if self.rows_dir.is_dir() and any(self.rows_dir.glob("*.parquet")):
+                raise InputError(f"results directory {self.root} holds no readable trials (see the warnings above)")
             raise InputError(f"results directory {self.root} holds no trials; run `testbed run --out {self.root}`")
-        tables = [pq.read_table(f) for f in files]
-        return pa.concat_tables(tables, promote_options="permissive").to_pandas()
+        if not all_attempts:
+            rows = list(best_attempts(rows).values())
+        table = pa.Table.from_pylist([{name: r.get(name) for name in COLUMNS} for r in rows], schema=SCHEMA)
+        return table.to_pandas()
 
-    def find(self, trial_id: str) -> dict[str, Any] | None:
-        path = self.rows_dir / f"{trial_id}.parquet"
-        if not path.exists():
-            return None
-        return pq.read_table(path).to_pylist()[0]
+    def find(self, trial_id: str, warn: Warn = warn_stderr) -> dict[str, Any] | None:
+        """The best stored attempt of one trial, or None."""
+        rows = []
+        for attempt, path in self.attempts(trial_id).items():
+            try:
+                row = pq.read_table(path).to_pylist()[0]
+            except (OSError, ValueError, IndexError, pa.ArrowException) as e:
+                warn(f"skipped unreadable results row {path} ({type(e).__name__}); move it away or delete it")
+                continue
+            row["attempt"] = row.get("attempt") or attempt
+            rows.append(row)
+        return best_attempts(rows).get(trial_id)
 
 
-def load_results(path: str | Path) -> pd.DataFrame:
-    """Every stored trial of a results directory as one DataFrame (columns as in COLUMNS)."""
-    return ResultsStore(path).load()
+def best_attempts(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """trial id -> its best attempt: the latest ok one, else the latest one."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        old = best.get(r["trial_id"])
+        key = (r.get("status") == "ok", r.get("attempt") or 1)
+        if old is None or key > (old.get("status") == "ok", old.get("attempt") or 1):
+            best[r["trial_id"]] = r
+    return best
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def load_results(path: str | Path, *, all_attempts: bool = False) -> pd.DataFrame:
+    """Every stored trial of a results directory as one DataFrame (columns as in COLUMNS), its best attempt each."""
+    return ResultsStore(path).load(all_attempts=all_attempts)
 
 
 def export_csv(path: str | Path, out: str | Path) -> Path:

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from runners import catalog
 from shaping.units import format_rate, format_size
 from testbed.cli_common import add_json, add_name, console, print_json
 from testbed.cluster import backends, registry
 from testbed.config import Trial, expand, load_sweep_toml, parse_env_pairs, parse_list, parse_rates
 from testbed.errors import InputError
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+CONFIRM_GRID_ABOVE = 50  # a sweep with more trials to run than this asks for --yes (and says how long it may take)
+GUESS_TRIAL_S = 60.0  # ETA per trial when the results directory holds no finished trial to go by
 
 
 def _on_off(text: str) -> bool:
@@ -24,47 +30,96 @@ def _on_off(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r}: expected on or off")
 
 
-OPTION_FLAGS = {  # compressor option -> (flag, type)
-    "rank": ("--rank", int),
-    "start_iter": ("--start-iter", int),
-    "min_compression_rate": ("--min-compression-rate", float),
-    "ratio": ("--ratio", float),
-    "error_feedback": ("--error-feedback", _on_off),
+_FLAG_TYPES = {"int": int, "float": float, "bool": _on_off, "choice": str}
+# compressor option -> (flag, type), from the torch-free catalogue (runners/catalog.py)
+OPTION_FLAGS = {key: (flag, _FLAG_TYPES[kind]) for key, (flag, kind) in catalog.option_flags().items()}
+
+# trial settings a sweep file also sets: with --config, giving one of these flags is refused (it would be ignored)
+TRIAL_FLAG_DEFAULTS: dict[str, Any] = {
+    "model": "resnet18",
+    "batch_size": 32,
+    "iters": 20,
+    "warmup_iters": 5,
+    "seed": 0,
+    "image_size": catalog.DEFAULT_IMAGE_SIZE,
+    "seq_len": catalog.DEFAULT_SEQ_LEN,
+    "bucket_cap_mb": 25.0,
+    "serial": False,
+    "burst": None,
+    "qdisc": "htb",
+    "overlap": True,
+    "skew_probe": False,
+    "backend": "auto",
+    "ranks_per_host": None,
+    "intra_host": "p2p",
+    "nccl_socket_nthreads": None,
+    "nccl_nsocks_perthread": None,
+    "nccl_env": None,
 }
 
 
-def add_trial_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="resnet18", help="mlp, cnn, resnet18, resnet50, resnet101, bert-base")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank (default 32)")
-    p.add_argument("--iters", type=int, default=20, help="measured iterations (default 20)")
-    p.add_argument("--warmup-iters", type=int, default=5, help="unrecorded; raised to cover the compressor's start-up")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--image-size", type=int, default=64, help="input side for CNNs (default 64)")
-    p.add_argument("--seq-len", type=int, default=128, help="sequence length for bert-base (default 128)")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size (default 25)")
-    p.add_argument("--serial", action="store_true", help="separate phases cleanly (no overlap), for profiling")
+def _option_help(key: str) -> str:
+    users = catalog.who_accepts(key)
+    first = catalog.compressor(users[0]).option(key)
+    accepted = "on or off" if first.type == "bool" else first.accepted
+    return f"{', '.join(users)}: {first.help}; {accepted}"
+
+
+def add_trial_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """The trial flags; for `sweep` their defaults are None so that a flag given beside --config is seen."""
+    d = {k: None for k in TRIAL_FLAG_DEFAULTS} if sweep else TRIAL_FLAG_DEFAULTS
+    models = ", ".join(catalog.MODEL_NAMES)
+    p.add_argument("--model", default=d["model"], help=f"{models} (default resnet18)")
+    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="per rank (default 32)")
+    p.add_argument("--iters", type=int, default=d["iters"], help="measured iterations (default 20)")
+    p.add_argument(
+        "--warmup-iters",
+        type=int,
+        default=d["warmup_iters"],
+        help="unrecorded; raised to cover the compressor's start-up (default 5)",
+    )
+    p.add_argument("--seed", type=int, default=d["seed"])
+    lo, hi = catalog.IMAGE_SIZE_RANGE
+    p.add_argument(
+        "--image-size", type=int, default=d["image_size"], help=f"input side for CNNs, {lo}..{hi} (default 64)"
+    )
+    lo, hi = catalog.SEQ_LEN_RANGE
+    p.add_argument(
+        "--seq-len", type=int, default=d["seq_len"], help=f"sequence length for bert-base, {lo}..{hi} (default 128)"
+    )
+    p.add_argument("--bucket-cap-mb", type=float, default=d["bucket_cap_mb"], help="DDP bucket size (default 25)")
+    p.add_argument(
+        "--serial",
+        action="store_true",
+        default=d["serial"],
+        help="separate phases cleanly (no overlap), for profiling",
+    )
     p.add_argument("--burst", help="token bucket size (default: 1 ms of data, >= 64 KB)")
-    p.add_argument("--qdisc", default="htb", help="htb or tbf")
-    p.add_argument("--out", default="results", help="results directory (default ./results)")
+    p.add_argument("--qdisc", default=d["qdisc"], help="htb or tbf")
+    p.add_argument("--out", default="results", help="results directory (default ./results; its parent must exist)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a trial is stopped (default 600)")
     p.add_argument("--no-probe", action="store_true", help="skip the iperf3 check before each trial")
     p.add_argument("--runner-module", default="runners.train", help=argparse.SUPPRESS)
-    p.add_argument("--overlap", type=_on_off, default=True, metavar="on|off",
+    p.add_argument("--overlap", type=_on_off, default=d["overlap"], metavar="on|off",
                    help="on (default): compressor hooks overlap backward; off: hooks block (Agarwal et al.'s serial)")
-    p.add_argument("--skew-probe", action="store_true", help="record per-collective peer skew (peer_wait_s), "
-                   "apart from comm_s; costs one tiny all-gather per collective")
+    p.add_argument("--skew-probe", action="store_true", default=d["skew_probe"],
+                   help="record per-collective peer skew (peer_wait_s), apart from comm_s; costs one tiny "
+                   "all-gather per collective")
     g = p.add_argument_group("placement and collectives (GPU hosts: NCCL over sockets)")
-    g.add_argument("--backend", default="auto", help="auto (default: nccl when every host used has CUDA), nccl, gloo")
+    g.add_argument("--backend", default=d["backend"],
+                   help="auto (default: nccl when every host used has CUDA), nccl, gloo")
     g.add_argument("--ranks-per-host", type=int, help="torchrun's nproc-per-node (default: the hosts' GPUs, else 1)")
-    g.add_argument("--intra-host", default="p2p", help="p2p (default: NVLink/P2P/SHM inside a host) or socket")
+    g.add_argument("--intra-host", default=d["intra_host"],
+                   help="p2p (default: NVLink/P2P/SHM inside a host) or socket (P2P and SHM off)")
     g.add_argument("--nccl-socket-nthreads", type=int, help="NCCL_SOCKET_NTHREADS (x nsocks-perthread <= 64)")
     g.add_argument("--nccl-nsocks-perthread", type=int, help="NCCL_NSOCKS_PERTHREAD")
     g.add_argument("--nccl-env", action="append", metavar="NCCL_KEY=VAL", help="further NCCL_* setting (repeatable)")
     g.add_argument("--env", action="append", metavar="KEY=VAL",
                    help="a variable every rank gets (repeatable); nothing else of this shell reaches the ranks "
                    "but NCCL_*/GLOO_*/TORCH_*/CUDA_* and OMP/MKL thread counts")  # fmt: skip
-    for key, (flag, kind) in OPTION_FLAGS.items():
-        p.add_argument(flag, dest=f"opt_{key}", type=kind, help=f"compressor option {key}")
+    metavars = {"int": "N", "float": "X", "bool": "on|off", "choice": "NAME"}
+    for key, (flag, kind) in catalog.option_flags().items():
+        p.add_argument(flag, dest=f"opt_{key}", type=_FLAG_TYPES[kind], metavar=metavars[kind], help=_option_help(key))
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,56 +129,74 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 def _common(args: argparse.Namespace) -> dict[str, Any]:
     from shaping.units import parse_size_bytes
 
+    def value(key: str) -> Any:
+        v = getattr(args, key)
+        return TRIAL_FLAG_DEFAULTS[key] if v is None else v
+
+    burst = value("burst")
     return dict(
-        model=args.model,
-        batch_size=args.batch_size,
-        iters=args.iters,
-        warmup_iters=args.warmup_iters,
-        seed=args.seed,
-        image_size=args.image_size,
-        seq_len=args.seq_len,
-        bucket_cap_mb=args.bucket_cap_mb,
-        serial=args.serial,
-        overlap=args.overlap,
-        skew_probe=args.skew_probe,
-        backend=args.backend,
-        ranks_per_host=args.ranks_per_host,
-        intra_host=args.intra_host,
-        nccl_socket_nthreads=args.nccl_socket_nthreads,
-        nccl_nsocks_perthread=args.nccl_nsocks_perthread,
-        nccl_env=parse_env_pairs(args.nccl_env, "--nccl-env"),
-        qdisc=args.qdisc,
+        model=value("model"),
+        batch_size=value("batch_size"),
+        iters=value("iters"),
+        warmup_iters=value("warmup_iters"),
+        seed=value("seed"),
+        image_size=value("image_size"),
+        seq_len=value("seq_len"),
+        bucket_cap_mb=value("bucket_cap_mb"),
+        serial=value("serial"),
+        overlap=value("overlap"),
+        skew_probe=value("skew_probe"),
+        backend=value("backend"),
+        ranks_per_host=value("ranks_per_host"),
+        intra_host=value("intra_host"),
+        nccl_socket_nthreads=value("nccl_socket_nthreads"),
+        nccl_nsocks_perthread=value("nccl_nsocks_perthread"),
+        nccl_env=parse_env_pairs(value("nccl_env"), "--nccl-env"),
+        qdisc=value("qdisc"),
         cluster=args.name,
         runner=args.runner_module,
-        burst_bytes=parse_size_bytes(args.burst, "--burst") if args.burst else None,
+        burst_bytes=parse_size_bytes(burst, "--burst") if burst is not None else None,
     )
 
 
-def _cluster_for(args: argparse.Namespace, world_size: int):
-    """The named cluster; brought up (local, unshaped, world_size hosts) when it is not up yet."""
-    if registry.load_record(args.name) is None:
-        from testbed.cluster.local import LocalCluster
+def _check_timeout(timeout_s: float) -> float:
+    if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_TIMEOUT_S):
+        raise InputError(f"--timeout {timeout_s:g}: expected seconds in (0, {MAX_TIMEOUT_S:g}] (a trial's time limit)")
+    return timeout_s
 
-        console.print(f"cluster {args.name!r} is not up: bringing up {world_size} emulated hosts")
-        cluster, _ = LocalCluster.up(args.name, max(world_size, 2))
-        return cluster
+
+def _cluster_for(args: argparse.Namespace, world_size: int):
+    """The named cluster, which must be up: `run` and `sweep` never bring one up (nothing would take it down)."""
+    if registry.load_record(args.name) is None:
+        up = ", ".join(registry.recorded_names()) or "none"
+        raise InputError(
+            f"no cluster named {args.name!r} is up (clusters up: {up}); bring one up first: "
+            f"`testbed up --name {args.name} --hosts {max(world_size, 2)}`"
+        )
     return backends.open_cluster(args.name)
+
+
+def _open_store(path: str):
+    """The results store of --out, checked writable before anything starts."""
+    from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
+
+    store = ResultsStore(path)
+    store.check_writable()
+    return store
 
 
 # ---------------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed import launch_plan
     from testbed.launch import make_plan, run_trial, stop_on_ctrl_c
-    from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
 
     if not args.bw:
         raise InputError("run needs --bw RATE (e.g. 500mbit), or --bw none for an unshaped run")
     rate = parse_rates([args.bw])[0]
     opts = _options(args)
+    _check_timeout(args.timeout)
     user_env = parse_env_pairs(args.env, "--env")
     launch_plan.check_user_env(user_env)
-    store = ResultsStore(args.out)
-    record = registry.load_record(args.name)
     trial = Trial(
         compressor=args.compressor,
         rate_bps=rate,
@@ -131,18 +204,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         options=tuple(sorted(opts.items())),
         **_common(args),
     )
-    if args.dry_run:  # print what would start: nothing is brought up, shaped or started
-        if record is None:
-            raise InputError(f"--dry-run needs a cluster that is up; start one with `testbed up --name {args.name}`")
-        cluster = backends.open_cluster(args.name)
-        trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
-        out = store.trial_dir(trial.trial_id)
+    cluster = _cluster_for(args, trial.world_size)
+    # backend, ranks per host and world size made concrete for this cluster's hosts (exit 2 if they cannot run it)
+    trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
+    if args.dry_run:  # what would start: nothing is shaped, started or stored
+        from pathlib import Path
+
+        out = Path(args.out) / "trials" / trial.trial_id
         plan = make_plan(cluster, trial, cluster.rank_out_dir(out, trial.trial_id), timeout_s=args.timeout,
                          user_env=user_env)  # fmt: skip
         print_json({"trial_id": trial.trial_id, "trial": trial.config(), "plan": plan.to_json()})
         return 0
-    cluster = _cluster_for(args, trial.world_size)
-    trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
+    store = _open_store(args.out)
+    stored = store.find(trial.trial_id)
+    if stored is not None and stored["status"] == "ok" and not args.rerun:
+        raise InputError(
+            f"trial {trial.trial_id} is already stored ok in {store.root} (attempt {stored['attempt']}, "
+            f"{stored['started_at']}); add --rerun to measure it again as a new attempt (the stored one is kept)"
+        )
     stop_on_ctrl_c()
     with console.status(f"{trial.label()}: starting") as status:
         row = run_trial(
@@ -194,36 +273,85 @@ def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any
 
 
 # ---------------------------------------------------------------------------------------------------- sweep
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from testbed.launch import STOP, run_trial, stop_on_ctrl_c
-    from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
-
-    store = ResultsStore(args.out)
+def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
+    """The grid from --config or from the flags; every value checked (Trial) before anything starts."""
     if args.config:
-        trials = load_sweep_toml(args.config, cluster=args.name, runner=args.runner_module)
-    else:
-        if not (args.bw and args.compressor and args.world_size):
-            raise InputError("sweep needs --config FILE, or --bw, --compressor and --world-size lists")
-        try:
-            sizes = [int(x) for x in parse_list(args.world_size, "--world-size")]
-        except ValueError:
-            raise InputError(f"--world-size {args.world_size!r}: expected comma-separated integers") from None
-        options = {c: _options(args) for c in parse_list(args.compressor, "--compressor")} if _options(args) else {}
-        trials = expand(
-            parse_rates(parse_list(args.bw, "--bw")),
-            parse_list(args.compressor, "--compressor"),
-            sizes,
-            options=options,
-            **_common(args),
-        )
-    from testbed import launch_plan
+        given = [f"--{k.replace('_', '-')}" for k in ("bw", "compressor", "world_size") if getattr(args, k)]
+        given += [f"--{k.replace('_', '-')}" for k in TRIAL_FLAG_DEFAULTS if getattr(args, k) is not None]
+        given += [OPTION_FLAGS[k][0] for k in _options(args)]
+        if given:
+            raise InputError(
+                f"{', '.join(given)} with --config: the sweep file sets the grid and the trial settings, so the "
+                f"flag{'s' if len(given) > 1 else ''} would be ignored; put the value{'s' if len(given) > 1 else ''} "
+                f"in {args.config} or drop --config"
+            )
+        return load_sweep_toml(args.config, cluster=args.name, runner=args.runner_module)
+    if not (args.bw is not None and args.compressor is not None and args.world_size is not None):
+        raise InputError("sweep needs --config FILE, or --bw, --compressor and --world-size lists")
+    try:
+        sizes = [int(x) for x in parse_list(args.world_size, "--world-size")]
+    except ValueError:
+        raise InputError(f"--world-size {args.world_size!r}: expected comma-separated integers") from None
+    compressors = parse_list(args.compressor, "--compressor")
+    flag_opts = _options(args)
+    for key in flag_opts:  # an option goes to the compressors of the grid that take it; one nobody takes is refused
+        if not any(key in catalog.options_of(c) for c in compressors if c in catalog.COMPRESSORS):
+            users = ", ".join(catalog.who_accepts(key))
+            raise InputError(
+                f"{OPTION_FLAGS[key][0]} applies to no compressor in --compressor {args.compressor} "
+                f"({key} is for {users})"
+            )
+    options = {
+        c: {k: v for k, v in flag_opts.items() if k in catalog.options_of(c)}
+        for c in compressors
+        if c in catalog.COMPRESSORS
+    }
+    return expand(parse_rates(parse_list(args.bw, "--bw")), compressors, sizes, options=options, **_common(args))
 
+
+def _eta_text(store, n: int, timeout_s: float) -> str:
+    """How long `n` trials may take: the mean wall time of the stored ok trials, else a stated guess."""
+    try:
+        df = store.load(missing_ok=True, warn=lambda _m: None)
+        walls = df.loc[df["status"] == "ok", "wall_s"].dropna()
+    except Exception:  # noqa: BLE001 - an estimate never stops a sweep
+        walls = []
+    per = float(walls.mean()) if len(walls) else GUESS_TRIAL_S
+    basis = f"the mean of {len(walls)} stored trials" if len(walls) else "a guess: no finished trial stored yet"
+    return f"ETA about {_duration(n * per)} at ~{per:.0f} s per trial, {basis}; at most {_duration(n * timeout_s)}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from testbed import launch_plan
+    from testbed.launch import STOP, run_trial, stop_on_ctrl_c
+
+    _check_timeout(args.timeout)
+    user_env = parse_env_pairs(args.env, "--env")
+    launch_plan.check_user_env(user_env)
+    trials = _sweep_trials(args)
+    store = _open_store(args.out)
     cluster = _cluster_for(args, max(t.world_size for t in trials))
     hosts = cluster.hosts()
-    trials = list(dict.fromkeys(launch_plan.resolve(t, hosts) for t in trials))  # concrete backend, ranks per host
+    # concrete backend and ranks per host for these hosts (their trial ids are what the store holds); every trial
+    # of the grid must fit before the first one starts
+    trials = list(dict.fromkeys(launch_plan.resolve(t, hosts) for t in trials))
     done = store.stored_ids("ok")
     todo = [t for t in trials if t.trial_id not in done]
-    console.print(f"sweep: {len(trials)} trials, {len(trials) - len(todo)} already stored, {len(todo)} to run")
+    eta = _eta_text(store, len(todo), args.timeout)
+    if len(todo) > CONFIRM_GRID_ABOVE and not args.yes:
+        raise InputError(f"sweep: {len(todo)} trials to run ({eta}); more than {CONFIRM_GRID_ABOVE} trials need --yes")
+    console.print(
+        f"sweep: {len(trials)} trials, {len(trials) - len(todo)} already stored, {len(todo)} to run"
+        + (f" ({eta})" if todo else "")
+    )
     if not todo:
         return 0
     failed = 0
@@ -239,7 +367,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         task = progress.add_task("sweep", total=len(todo))
         for trial in todo:
             progress.update(task, description=trial.label())
-            row = run_trial(cluster, trial, store, timeout_s=args.timeout, probe=not args.no_probe)
+            row = run_trial(cluster, trial, store, timeout_s=args.timeout, probe=not args.no_probe, user_env=user_env)
             if STOP.is_set():
                 progress.console.print(f"interrupted: {trial.label()} stored as failed; run the sweep again to resume")
                 return 130
@@ -255,10 +383,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------------- results
 def cmd_results(args: argparse.Namespace) -> int:
+    from testbed.outputs import check_output_file
     from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
 
-    store = ResultsStore(args.path)
-    df = store.load()
+    store = ResultsStore(args.path, flag="results")
+    if args.csv:
+        check_output_file(args.csv, "--csv")
+    df = store.load(all_attempts=args.attempts)
     if args.csv:
         df.to_csv(args.csv, index=False)
         console.print(f"wrote {len(df)} rows to {args.csv}")
@@ -277,7 +408,7 @@ def cmd_results(args: argparse.Namespace) -> int:
         "wire_tx_bytes_per_iter",
         "measured_goodput_bps",
     ]
-    df = df.sort_values(["model", "world_size", "rate_bps", "compressor"])
+    df = df.sort_values(["model", "world_size", "rate_bps", "compressor", "attempt"])
     if args.json:
         print_json(json.loads(df.to_json(orient="records")))
         return 0
@@ -296,11 +427,11 @@ def cmd_results(args: argparse.Namespace) -> int:
         "measured",
     ):
         table.add_column(c, justify="right")
-    for _, r in df[cols].iterrows():
+    for _, r in df[[*cols, "attempt"]].iterrows():
         ok = r["status"] == "ok"
         opts = json.loads(r["compressor_options"] or "{}")
         table.add_row(
-            r["trial_id"][:8],
+            r["trial_id"][:8] + (f" #{r['attempt']}" if args.attempts else ""),
             r["status"],
             r["model"],
             str(r["world_size"]),
@@ -330,6 +461,11 @@ def add_commands(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the launch plan (hosts, ranks, argv, environment) "
                    "as JSON and start nothing")  # fmt: skip
     add_trial_flags(p)
+    p.add_argument(
+        "--rerun",
+        action="store_true",
+        help="measure a trial already stored ok again, as a new attempt (the stored attempt is kept)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a grid of bandwidths x compressors x world sizes (resumable)")
@@ -339,11 +475,15 @@ def add_commands(sub) -> None:
     p.add_argument("--compressor", help="comma-separated compressors")
     p.add_argument("--world-size", help="comma-separated world sizes, e.g. 2,4")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed trial")
-    add_trial_flags(p)
+    p.add_argument(
+        "--yes", action="store_true", help=f"start a grid of more than {CONFIRM_GRID_ABOVE} trials (the ETA is printed)"
+    )
+    add_trial_flags(p, sweep=True)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("results", help="table of the trials stored in a results directory")
     p.add_argument("path", nargs="?", default="results")
     add_json(p)
     p.add_argument("--csv", help="write every column to this CSV file")
+    p.add_argument("--attempts", action="store_true", help="every attempt of each trial (default: the best one)")
     p.set_defaults(func=cmd_results)

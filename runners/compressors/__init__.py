@@ -11,6 +11,7 @@ and the class attributes ``COLLECTIVE`` ("allreduce"|"allgather") and ``ROUNDS``
 
 from __future__ import annotations
 
+from runners import catalog
 from runners.compressors import acpsgd, bf16, fp16, mstopk, powersgd, signsgd, syncsgd, topk
 from runners.compressors.base import CompressorState, FlatBucket
 
@@ -29,13 +30,13 @@ __all__ = ["get", "names", "options_of", "attach", "CompressorState", "FlatBucke
 
 
 def names() -> list[str]:
-    return list(_MODULES)
+    """The built-in compressors, from the torch-free catalogue (runners/catalog.py)."""
+    return catalog.names()
 
 
 def options_of(name: str) -> tuple[str, ...]:
-    """The user options ``name`` accepts."""
-    _check_name(name)
-    return _MODULES[name].STATE.HYPERPARAMS
+    """The user options ``name`` accepts (runners/catalog.py; the state class lists the same in HYPERPARAMS)."""
+    return catalog.options_of(name)
 
 
 def _check_name(name: str) -> None:

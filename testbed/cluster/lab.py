@@ -790,7 +790,9 @@ class LabCluster(Cluster):
                 + "; done; true"
             )
             self._conn(n).run_line(script, timeout_s=120)
-            res = self.run(n, self._shaping_argv(spec, "clear", "--dev", spec.data_iface, "--json"), timeout_s=60)
+            # --forget: also end a dead-man timer still waiting and remove the commit-confirm state directory
+            argv = self._shaping_argv(spec, "clear", "--dev", spec.data_iface, "--forget", "--json")
+            res = self.run(n, argv, timeout_s=60)
             if res.returncode != 0:
                 raise ShapingError(f"host {n}: clearing shaping failed: {res.stderr.strip()}")
 

@@ -450,6 +450,8 @@ def test_cli_up_status_down_with_inventory(lab, tmp_path):
     assert down.returncode == 0, down.stderr
     for h in lab.hosts:
         assert "7e57" not in _tc_qdiscs(lab, h)
+        # no commit-confirm timer or state left on the host (`down` clears with --forget)
+        assert not Path(f"/run/testbed-shaping/netns-{lab.inodes[h.ns]}").exists()
 
 
 def test_failed_host_rolls_back_the_others(lab):

@@ -221,7 +221,13 @@ def test_sweep_interrupted_then_resumed_has_no_lost_or_duplicated_rows(make_clus
     # a finished sweep does nothing when run again
     third = testbed_cli(*args, timeout_s=120)
     assert "0 to run" in third.stdout
-    assert sorted(p.name for p in (out / "rows").glob("*.parquet")) == sorted(f"{t}.parquet" for t in df["trial_id"])
+    # every attempt kept in its own row file (the interrupted one too), and no trial measured ok twice
+    from testbed.results import load_results
+
+    every = load_results(out, all_attempts=True)
+    assert len(list((out / "rows").glob("*.parquet"))) == len(every)
+    assert (every[every["status"] == "ok"].groupby("trial_id").size() == 1).all()
+    assert set(every["trial_id"]) == set(df["trial_id"])
 
 
 @pytest.mark.parametrize(
@@ -282,6 +288,33 @@ def test_shipped_sweeps_parse():
     for f in files:
         trials = load_sweep_toml(f)
         assert trials and len({t.trial_id for t in trials}) == len(trials)
+
+
+def test_a_stored_ok_trial_is_never_replaced(make_cluster, testbed_cli, tmp_path):
+    """Run twice: refused without --rerun; a rerun that times out is stored as attempt 2 beside the ok attempt 1,
+    which `results` keeps showing."""
+    name = make_cluster(2)
+    out = tmp_path / "res"
+    args = ["run", "--name", name, "--bw", "none", "--out", str(out), *FAST, "--json"]
+    first = testbed_cli(*args, timeout_s=300)
+    assert first.returncode == 0, first.stderr[-800:]
+    ok_row = json.loads(first.stdout)["row"]
+    assert ok_row["attempt"] == 1
+    again = testbed_cli(*args)
+    assert again.returncode == 2 and "--rerun" in one_line(again.stderr)
+    late = testbed_cli(*args, "--rerun", "--timeout", "0.5", timeout_s=120)
+    assert late.returncode == 1
+    assert json.loads(late.stdout)["row"]["status"] == "timeout"
+    assert sorted(p.name for p in (out / "rows").glob("*.parquet")) == [
+        f"{ok_row['trial_id']}.2.parquet",
+        f"{ok_row['trial_id']}.parquet",
+    ]
+    assert (out / "trials" / ok_row["trial_id"] / "summary.json").is_file()  # attempt 1's records are untouched
+    shown = json.loads(testbed_cli("results", str(out), "--json").stdout)
+    assert [(r["attempt"], r["status"]) for r in shown] == [(1, "ok")]
+    assert shown[0]["iter_time_s_mean"] == pytest.approx(ok_row["iter_time_s_mean"])
+    every = json.loads(testbed_cli("results", str(out), "--json", "--attempts").stdout)
+    assert sorted((r["attempt"], r["status"]) for r in every) == [(1, "ok"), (2, "timeout")]
 
 
 # ---------------------------------------------------------------------------------------- several ranks per host

@@ -128,11 +128,11 @@ def test_compute_speedup_raises_crossover(profile_file, capsys):
 
 def test_predict_measures_when_no_profile_stored_then_reuses(tmp_path, fake_profiler, capsys):
     profiles = tmp_path / "profiles"
-    argv = ["predict", "--model", "vgg16", "--batch-size", "16", "--profiles", str(profiles), "--bw", "1gbit", "--json"]
+    argv = ["predict", "--model", "mlp", "--batch-size", "16", "--profiles", str(profiles), "--bw", "1gbit", "--json"]
     assert run(argv) == 0
     first = json.loads(capsys.readouterr().out)
-    assert len(fake_profiler) == 1 and fake_profiler[0]["model"] == "vgg16"
-    stored = profiles / "vgg16-bs16-cpu.json"
+    assert len(fake_profiler) == 1 and fake_profiler[0]["model"] == "mlp"
+    stored = profiles / "mlp-bs16-cpu.json"
     assert stored.is_file() and "measured now" in first["profile"]
     assert run(argv) == 0
     second = json.loads(capsys.readouterr().out)

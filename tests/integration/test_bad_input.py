@@ -1,0 +1,345 @@
+"""Bad input, through the real CLI (`python -m testbed.cli`): exit 2, exactly one line on stderr, no traceback, nothing
+on stdout, and nothing changed (no namespaces, no qdiscs, no processes, no files, no cluster records).
+
+Table-driven: grow the tables with each new flag. Most cases need no cluster (validation comes before the cluster is
+even looked up); the cases that do share one 2-host cluster (module scope). Placeholders in argv: {w} the work
+directory (the CLI's cwd, so default outputs such as ./results land there and are seen), {name} a cluster name that
+is not up, {up} the shared cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, _teardown_cluster, netns_list, one_line, pids_in_netns, random_suffix, root_skip_reason
+
+from shaping.units import parse_rate_bps
+from testbed.config import Trial
+
+GRID_50 = ["--bw", "1gbit,2gbit,3gbit,4gbit,5gbit,6gbit", "--compressor", "syncsgd,fp16,bf16,topk,signsgd,powersgd"]
+
+# ------------------------------------------------------------------------------------------- no cluster needed
+NO_CLUSTER = [
+    # compressor options, checked by the controller through the catalogue (never inside the ranks)
+    (["run", "--bw", "100mbit", "--compressor", "powersgd", "--rank", "0"], "--rank 0: powersgd rank 0"),
+    (["run", "--bw", "100mbit", "--compressor", "topk", "--ratio", "2"], "topk ratio 2.0 is outside (0, 1]"),
+    (["run", "--bw", "100mbit", "--compressor", "topk", "--ratio", "nan"], "topk ratio nan is outside (0, 1]"),
+    (["run", "--bw", "100mbit", "--compressor", "mstopk", "--samplings", "0"], "mstopk samplings 0"),
+    (["run", "--bw", "100mbit", "--compressor", "powersgd", "--start-iter", "1"], "must be >= 2"),
+    (["run", "--bw", "100mbit", "--compressor", "powersgd", "--min-compression-rate", "nan"], "min_compression_rate"),
+    (["run", "--bw", "100mbit", "--compressor", "topk", "--rank", "4"], "--rank does not apply to topk"),
+    (["run", "--bw", "100mbit", "--compressor", "zip"], "unknown compressor 'zip'"),
+    (["run", "--bw", "100mbit", "--error-feedback", "maybe"], "expected on or off"),
+    (["sweep", "--bw", "1gbit", "--compressor", "powersgd", "--world-size", "2", "--rank", "0"], "rank 0"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2", "--ratio", "0.1"], "applies to no"),
+    # trial values checked too late before
+    (["run", "--bw", "100mbit", "--bucket-cap-mb", "nan"], "--bucket-cap-mb nan"),
+    (["run", "--bw", "100mbit", "--bucket-cap-mb", "0"], "--bucket-cap-mb 0"),
+    (["run", "--bw", "100mbit", "--image-size", "0"], "--image-size 0"),
+    (["run", "--bw", "100mbit", "--seq-len", "100000"], "--seq-len 100000"),
+    (["run", "--bw", "100mbit", "--timeout", "0"], "--timeout 0"),
+    (["run", "--bw", "100mbit", "--timeout", "nan"], "--timeout nan"),
+    (["run", "--bw", "100mbit", "--timeout", "inf"], "--timeout inf"),
+    (["run", "--bw", "100mbit", "--batch-size", "0"], "--batch-size 0"),
+    (["run", "--bw", "100mbit", "--iters", "0"], "--iters 0"),
+    (["run", "--bw", "100mbit", "--model", "vgg"], "--model 'vgg': unknown"),
+    (["run", "--bw", "none", "--burst", "125kb"], "need a rate"),
+    (["run", "--bw", "9gbps"], "ambiguous unit"),
+    (["run"], "run needs --bw"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2", "--timeout", "-1"], "--timeout -1"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "two"], "comma-separated integers"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "0"], "--world-size 0"),
+    # empty strings for lists, sizes and paths
+    (["run", "--bw", ""], "--bw '': empty"),
+    (["run", "--bw", "100mbit", "--burst", ""], "--burst '': empty"),
+    (["run", "--bw", "100mbit", "--compressor", " "], "--compressor ' ': empty"),
+    (["run", "--bw", "100mbit", "--out", ""], "--out '': empty"),
+    (["sweep", "--bw", "", "--compressor", "syncsgd", "--world-size", "2"], "--bw '': empty"),
+    (["sweep", "--bw", ",", "--compressor", "syncsgd", "--world-size", "2"], "--bw: empty"),
+    (["sweep", "--config", ""], "--config '': empty"),
+    (["up", "--inventory", ""], "--inventory '': empty"),
+    (["up", "--subnet", ""], "--subnet '': empty"),
+    (["up", "--bw", "1gbit", "--delay", ""], "--delay '': empty"),
+    (["shape", "--bw", "1gbit", "--hosts", ""], "--hosts '': empty"),
+    (["probe", "--streams", ""], "--streams '': empty"),
+    (["probe", "--pairs", ""], "--pairs '': empty"),
+    (["results", ""], "PATH '': empty"),
+    (["results", "{w}/store", "--csv", ""], "--csv '': empty"),
+    (["report", ""], "RESULTS_DIR '': empty"),
+    (["predict", "--model", "resnet18", "--bw", ""], "--bw '': empty"),
+    (["profile", "--model", "mlp", "--compressors", ""], "--compressors '': empty"),
+    (["exec", "", "--", "true"], "HOST '': empty"),
+    # sweep files
+    (["sweep", "--config", "{w}/latin1.toml"], "not UTF-8"),
+    (["sweep", "--config", "{w}/empty-grid.toml"], "empty grid"),
+    (["sweep", "--config", "{w}/orphan-options.toml"], "options for 'topk', which is not in compressor"),
+    (["sweep", "--config", "{w}/bad-option.toml"], "powersgd rank 0"),
+    (["sweep", "--config", "{w}/nan-bucket.toml"], "--bucket-cap-mb nan"),
+    (["sweep", "--config", "{w}/missing.toml"], "cannot read"),
+    (["sweep", "--config", "{w}/adir"], "cannot read"),
+    # sweep flags that --config would silently ignore
+    (["sweep", "--config", "{w}/good.toml", "--model", "mlp"], "--model with --config"),
+    (["sweep", "--config", "{w}/good.toml", "--bw", "1gbit"], "--bw with --config"),
+    (["sweep", "--config", "{w}/good.toml", "--rank", "2", "--iters", "3"], "--iters, --rank with --config"),
+    # a grid too large to start without a word
+    (["sweep", *GRID_50, "--world-size", "2,3"], "more than 50 trials need --yes"),
+    # probe tolerances and counts
+    (["probe", "--tolerance", "0"], "--tolerance 0"),
+    (["probe", "--tolerance", "1"], "--tolerance 1"),
+    (["probe", "--tolerance", "1.5"], "--tolerance 1.5"),
+    (["probe", "--tolerance", "nan"], "--tolerance nan"),
+    (["probe", "--max-pairs", "0"], "--max-pairs 0"),
+    (["probe", "--duration", "inf"], "--duration inf"),
+    (["exec", "--timeout", "0", "h0", "--", "true"], "--timeout 0"),
+    # the performance model
+    (["predict", "--model", "resnet18", "--points", "1000000"], "--points 1000000"),
+    (["predict", "--model", "resnet18", "--points", "1"], "--points 1"),
+    (["predict", "--model", "vgg16", "--profiles", "{w}/profiles"], "--model 'vgg16': unknown"),
+    (["predict", "--model", "mlp", "--compute-speedup", "inf"], "--compute-speedup inf"),
+    (["predict", "--model", "mlp", "--world-size", "0"], "--world-size 0"),
+    (["profile", "--model", "vgg16"], "--model 'vgg16': unknown"),
+    (["profile", "--model", "mlp", "--image-size", "0"], "--image-size 0"),
+    (["profile", "--model", "mlp", "--bucket-cap-mb", "nan"], "--bucket-cap-mb nan"),
+    (["profile", "--model", "mlp", "--threads", "-1"], "--threads -1"),
+    # output paths: a file where a directory is needed, a missing parent, not writable
+    (["run", "--bw", "100mbit", "--out", "{w}/afile"], "is a file"),
+    (["run", "--bw", "100mbit", "--out", "{w}/no/such/dir"], "parent directory"),
+    (["run", "--bw", "100mbit", "--out", "/proc/testbed-results"], "cannot write"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2", "--out", "{w}/afile"], "is a file"),
+    (["results", "{w}/store", "--csv", "{w}/adir"], "is a directory"),
+    (["results", "{w}/store", "--csv", "{w}/no/such/x.csv"], "parent directory"),
+    (["results", "{w}/store", "--csv", "/proc/x.csv"], "cannot write"),
+    (["results", "{w}/afile"], "is a file"),
+    (["results", "{w}/nothing-here"], "does not exist"),
+    (["profile", "--model", "mlp", "--out", "{w}/afile"], "is a file"),
+    (["profile", "--model", "mlp", "--out", "{w}/no/such/dir"], "parent directory"),
+    (["report", "{w}/store", "--out", "{w}/afile"], "is a file"),
+    (["report", "{w}/store", "--out", "{w}/no/such/dir"], "parent directory"),
+    (["report", "{w}/store", "--out", "/proc/testbed-report"], "cannot write"),
+    # the results store keeps an ok measurement: `run` of a stored trial needs --rerun
+    (["run", "--bw", "100mbit", "--out", "{w}/store"], "add --rerun"),
+    # run/sweep never bring a cluster up (nothing would take it down)
+    (["run", "--bw", "100mbit", "--rerun", "--out", "{w}/store"], "`testbed up --name"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2"], "`testbed up --name"),
+    # cluster commands on a cluster that is not up
+    (["status"], "no cluster named"),
+    (["shape", "--bw", "1gbit"], "no cluster named"),
+    (["exec", "h0", "--", "true"], "no cluster named"),
+    (["up", "--hosts", "0"], "--hosts 0"),
+    (["up", "--bw", "9gbps"], "ambiguous unit"),
+]
+
+# `--device cuda` is only bad input where no GPU is visible
+CUDA = [
+    (["profile", "--model", "mlp", "--device", "cuda"], "--device cuda: no CUDA GPU"),
+    (["predict", "--model", "mlp", "--device", "cuda", "--profiles", "{w}/profiles"], "--device cuda: no CUDA GPU"),
+]
+
+SHAPING_CLI = [  # the host-side CLI that lab hosts run (commit-confirmed shaping)
+    (["apply", "--dev", "lo", "--bw", "1gbit", "--confirm-within", "inf", "--dry-run"], "--confirm-within inf"),
+    (["apply", "--dev", "lo", "--bw", "1gbit", "--confirm-within", "nan", "--dry-run"], "--confirm-within nan"),
+    (["apply", "--dev", "lo", "--bw", "1gbit", "--confirm-within", "0", "--dry-run"], "--confirm-within 0"),
+    (["apply", "--dev", "lo", "--bw", "1gbit", "--confirm-within", "86400", "--dry-run"], "--confirm-within 86400"),
+]
+
+# ------------------------------------------------------------------------------------------- on a live cluster
+ON_CLUSTER = [
+    (["run", "--bw", "100mbit", "--world-size", "5"], "larger than cluster"),
+    (["run", "--bw", "100mbit", "--compressor", "topk", "--ratio", "0"], "topk ratio 0.0 is outside (0, 1]"),
+    (["run", "--bw", "100mbit", "--image-size", "0"], "--image-size 0"),
+    (["run", "--bw", "100mbit", "--out", "{w}/store"], "add --rerun"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2,5"], "larger than cluster"),
+    (["sweep", *GRID_50, "--world-size", "2,3"], "more than 50 trials need --yes"),
+    (["shape", "--bw", "1gbit", "--hosts", "h0,h9"], "unknown host 'h9'"),
+    (["shape", "--bw", "0"], "out of range"),
+    (["probe", "--pairs", "h0:h9"], "unknown host 'h9'"),
+    (["probe", "--tolerance", "2"], "--tolerance 2"),
+    (["up", "--hosts", "3", "--bw", "1gbit"], "Use --recreate"),
+]
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+def _write_inputs(w: Path, stored_name: str) -> None:
+    (w / "afile").write_text("not a directory\n")
+    (w / "adir").mkdir()
+    head = '[sweep]\nbw = ["100mbit"]\ncompressor = ["syncsgd", "powersgd"]\nworld_size = [2]\n'
+    (w / "good.toml").write_text(head)
+    (w / "latin1.toml").write_bytes(head.encode() + "# d\xe9bit\n".encode("latin-1"))
+    (w / "empty-grid.toml").write_text('[sweep]\nbw = []\ncompressor = ["syncsgd"]\nworld_size = [2]\n')
+    (w / "orphan-options.toml").write_text(head + "[sweep.options.topk]\nratio = 0.01\n")
+    (w / "bad-option.toml").write_text(head + "[sweep.options.powersgd]\nrank = 0\n")
+    (w / "nan-bucket.toml").write_text(head + "bucket_cap_mb = nan\n")
+    # a results store holding an ok trial: `run --bw 100mbit` (all defaults, 2 ranks) on cluster `stored_name`
+    from testbed.results import ResultsStore
+
+    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=stored_name)
+    ResultsStore(w / "store").append(
+        {"trial_id": trial.trial_id, "status": "ok", "started_at": "2025-01-01T00:00:00+00:00", "model": "resnet18",
+         "compressor": "syncsgd", "compressor_options": "{}", "world_size": 2, "rate_bps": 100_000_000,
+         "iter_time_s_mean": 1.0, "samples_per_s": 64.0, "wall_s": 10.0}
+    )  # fmt: skip
+
+
+def _snapshot(*roots: Path, cluster: str) -> str:
+    """Everything a bad input must leave alone, as one comparable digest: files (name, size, mtime) and directories
+    under the roots,
+    the cluster's namespaces (other sessions make their own on this machine) and in each its processes and qdiscs."""
+    items = []
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            st = p.lstat()  # a directory's mtime moves with the write check (a temp file made and removed), a lock
+            # file's when it is taken: neither is a change
+            same = (p.is_dir() and not p.is_symlink()) or p.suffix == ".lock"
+            items.append(f"{p}" if same else f"{p} {st.st_size} {st.st_mtime_ns}")
+    for ns in [n for n in netns_list() if n.startswith(f"tb-{cluster}-")]:
+        items.append(f"{ns} pids {pids_in_netns(ns)}")
+        qd = subprocess.run(["tc", "-n", ns, "qdisc", "show"], capture_output=True, text=True).stdout
+        items += [line for line in qd.splitlines() if line.startswith("qdisc")]
+    return hashlib.sha256("\n".join(items).encode()).hexdigest() + f" ({len(items)} items)"
+
+
+@pytest.fixture(scope="module")
+def env(state_dir: Path) -> dict[str, str]:
+    e = dict(os.environ)
+    e.update(TESTBED_STATE_DIR=str(state_dir), COLUMNS="200")
+    e.pop("TESTBED_CLUSTER", None)
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+@pytest.fixture(scope="module")
+def idle_name() -> str:
+    return "t" + random_suffix()
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, idle_name) -> Path:
+    w = tmp_path_factory.mktemp("bad-input")
+    _write_inputs(w, idle_name)
+    return w
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(env, work):
+    """One 2-host cluster for every case that needs one; its store holds the ok trial `run --bw 100mbit` makes."""
+    reason = root_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    name = "t" + random_suffix()
+    from testbed.results import ResultsStore
+
+    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=name)
+    ResultsStore(work / "store").append({"trial_id": trial.trial_id, "status": "ok", "compressor": "syncsgd"})
+    try:
+        done = _cli(env, work, "up", "--name", name, "--hosts", "2", "--bw", "1gbit")
+        assert done.returncode == 0, done.stderr
+        yield name
+    finally:
+        _teardown_cluster(env, name)
+
+
+def _cli(env: dict[str, str], cwd: Path, *args: str, module: str = "testbed.cli") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+NAMELESS = ("results", "report", "profile", "predict")  # commands without --name
+
+
+def _argv(argv: list[str], work: Path, name: str) -> list[str]:
+    argv = [a.replace("{w}", str(work)) for a in argv]
+    return argv if argv[0] in NAMELESS else [argv[0], "--name", name, *argv[1:]]
+
+
+def _check_refused(done: subprocess.CompletedProcess, command: str, why: str) -> None:
+    assert done.returncode == 2, f"exit {done.returncode}; stdout {done.stdout[-500:]!r} stderr {done.stderr[-800:]!r}"
+    line = one_line(done.stderr)  # exactly one line, no traceback
+    assert line.startswith(f"testbed {command}: error: "), line
+    assert why in line, line
+    assert done.stdout == ""
+
+
+# ------------------------------------------------------------------------------------------- the tables
+def _ids(table):
+    return [" ".join(a) or "(none)" for a, _ in table]
+
+
+@pytest.mark.parametrize(("argv", "why"), NO_CLUSTER, ids=_ids(NO_CLUSTER))
+def test_refused_before_anything_is_looked_up(env, work, state_dir, idle_name, argv, why):
+    before = _snapshot(work, state_dir, cluster=idle_name)
+    done = _cli(env, work, *_argv(argv, work, idle_name))
+    _check_refused(done, argv[0], why)
+    assert _snapshot(work, state_dir, cluster=idle_name) == before
+
+
+@pytest.mark.parametrize(("argv", "why"), CUDA, ids=_ids(CUDA))
+def test_device_cuda_without_a_gpu(env, work, state_dir, argv, why):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible here: --device cuda is valid input on this machine")
+    before = _snapshot(work, state_dir, cluster="none")
+    done = _cli(env, work, *[a.replace("{w}", str(work)) for a in argv])
+    _check_refused(done, argv[0], why)
+    assert _snapshot(work, state_dir, cluster="none") == before
+
+
+@pytest.mark.parametrize(("argv", "why"), SHAPING_CLI, ids=_ids(SHAPING_CLI))
+def test_shaping_cli_confirm_within_is_bounded(env, work, argv, why):
+    before = _snapshot(work, cluster="none")
+    done = _cli(env, work, *argv, module="shaping")
+    assert done.returncode == 2
+    line = one_line(done.stderr)
+    assert why in line and "seconds in (0, 3600]" in line
+    assert _snapshot(work, cluster="none") == before
+
+
+@pytest.mark.root
+@pytest.mark.parametrize(("argv", "why"), ON_CLUSTER, ids=_ids(ON_CLUSTER))
+def test_refused_on_a_live_cluster_changes_nothing(env, work, state_dir, shared_cluster, argv, why):
+    before = _snapshot(work, state_dir, cluster=shared_cluster)
+    done = _cli(env, work, *_argv(argv, work, shared_cluster))
+    _check_refused(done, argv[0], why)
+    assert _snapshot(work, state_dir, cluster=shared_cluster) == before
+
+
+# ------------------------------------------------------------------------------------------- not bad input, but
+def test_an_unreadable_row_is_a_warning_not_a_failure(env, tmp_path):
+    from testbed.results import ResultsStore
+
+    store = ResultsStore(tmp_path / "res")
+    store.append({"trial_id": "aaaaaaaaaaaaaaaa", "status": "ok", "compressor": "syncsgd", "model": "mlp"})
+    (store.rows_dir / "bbbbbbbbbbbbbbbb.parquet").write_bytes(b"PAR1 truncated")
+    done = _cli(env, tmp_path, "results", str(tmp_path / "res"), "--json")
+    assert done.returncode == 0, done.stderr
+    assert [r["trial_id"] for r in json.loads(done.stdout)] == ["aaaaaaaaaaaaaaaa"]
+    line = one_line(done.stderr)
+    assert line.startswith("warning: skipped unreadable results row") and "bbbbbbbbbbbbbbbb.parquet" in line
+    done = _cli(env, tmp_path, "results", str(tmp_path / "res"), "--csv", str(tmp_path / "all.csv"))
+    assert done.returncode == 0 and (tmp_path / "all.csv").read_text().count("\n") == 2
+
+
+@pytest.mark.root
+def test_status_reports_a_half_made_cluster_and_down_removes_it(env, tmp_path):
+    """An interrupted `up` leaves namespaces without a record: `status` says so (exit 1), `down` removes them."""
+    name = "t" + random_suffix()
+    ns = f"tb-{name}-h0"
+    subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
+    try:
+        done = _cli(env, tmp_path, "status", "--name", name)
+        assert done.returncode == 1
+        line = one_line(done.stderr)
+        assert "half-made" in line and ns in line and f"testbed down --name {name}" in line
+        every = _cli(env, tmp_path, "status", "--all", "--json")
+        assert {"name": name, "half_made": True, "namespaces": [ns]} in json.loads(every.stdout)
+        assert _cli(env, tmp_path, "down", "--name", name).returncode == 0
+        assert ns not in netns_list()
+    finally:
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, check=False)
