@@ -179,7 +179,7 @@ def is_plugin_spec(name: str) -> bool:
 
 
 def parse_plugin_spec(spec: str) -> tuple[str, str]:
-    """"pkg.mod:factory" -> ("pkg.mod", "factory"); one-line ValueError when it is not MODULE:FACTORY."""
+    """ "pkg.mod:factory" -> ("pkg.mod", "factory"); one-line ValueError when it is not MODULE:FACTORY."""
     module, sep, factory = spec.partition(":")
     if not sep or not _DOTTED.match(module) or not _DOTTED.match(factory):
         raise ValueError(
@@ -191,9 +191,7 @@ def parse_plugin_spec(spec: str) -> tuple[str, str]:
 
 def compressor(name: str) -> Compressor:
     if name not in COMPRESSORS:
-        raise ValueError(
-            f"unknown compressor {name!r}; valid: {', '.join(COMPRESSORS)}, or a plugin as MODULE:FACTORY"
-        )
+        raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(COMPRESSORS)}, or a plugin as MODULE:FACTORY")
     return COMPRESSORS[name]
 
 

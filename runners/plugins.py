@@ -189,6 +189,7 @@ class CollectiveCounter:
         self.all_threads = False
         self.pending: list = []  # async works issued while all_threads is on (checked for completion at exit)
         self.names: list[str] = []
+        self.before = None  # called right before every collective (the conformance check's random delays)
 
     @contextlib.contextmanager
     def count(self):
@@ -225,6 +226,7 @@ _INSTALLED = [False]
 _PAYLOAD_ARG = {
     "all_reduce": 0,
     "all_gather_into_tensor": 1,
+    "all_gather_single": 1,
     "_all_gather_base": 1,
     "all_gather": 1,
     "reduce_scatter_tensor": 1,
@@ -256,6 +258,8 @@ def install_counters() -> CollectiveCounter:
             continue
 
         def wrapped(*a, _fn=fn, _name=name, _pos=pos, **k):
+            if COUNTER.before is not None:
+                COUNTER.before()
             work = _fn(*a, **k)
             arg = a[_pos] if len(a) > _pos else next((k[n] for n in _KW if n in k), None)
             COUNTER.record(_name, _nbytes(arg), work)

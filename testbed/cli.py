@@ -16,7 +16,7 @@ from rich.table import Table
 
 from shaping.plan import LinkShape, render_clear, render_tc
 from shaping.units import format_rate, format_size
-from testbed import model_cli, run_cli
+from testbed import model_cli, plugin_cli, run_cli
 from testbed.cli_common import (
     ArgumentParser,
     add_json,
@@ -387,10 +387,11 @@ def build_parser() -> ArgumentParser:
 
     run_cli.add_commands(sub)  # run, sweep, results
     model_cli.add_commands(sub)  # profile, predict, report
+    plugin_cli.add_commands(sub)  # compressors, check-compressor
     return parser
 
 
-_POSITIONALS = {"path": "PATH", "results_dir": "RESULTS_DIR", "host": "HOST"}
+_POSITIONALS = {"path": "PATH", "results_dir": "RESULTS_DIR", "host": "HOST", "spec": "SPEC"}
 
 
 def refuse_empty_values(args: argparse.Namespace) -> None:
