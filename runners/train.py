@@ -204,7 +204,6 @@ def _train(job: Job, device) -> int:
     # last-gradient marks: the end of backward compute (normal mode, timing on)
     last_grad = [None]
     if timing and not args.serial:
-
         def mark(_p):
             last_grad[0] = clock.now()
 
