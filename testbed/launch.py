@@ -92,9 +92,11 @@ def run_trial(
     probe: bool = True,
     on_phase: Callable[[str], None] | None = None,
     user_env: tuple[tuple[str, str], ...] = (),
+    plugin: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run `trial` on `cluster`, append its row to `store` (also when it fails) and return the row.
-    `trial` may still say backend auto / ranks_per_host None: it is resolved against the cluster's hosts here."""
+    `trial` may still say backend auto / ranks_per_host None: it is resolved against the cluster's hosts here.
+    `plugin`: what testbed.plugins.inspect said of the trial's plugin compressor (recorded in the row)."""
     hosts = cluster.hosts()
     trial = launch_plan.resolve(trial, hosts)
     store.ensure()
@@ -106,6 +108,10 @@ def run_trial(
     rank_out = cluster.rank_out_dir(out_dir, trial.trial_id)
     plan = make_plan(cluster, trial, rank_out, timeout_s=timeout_s, user_env=user_env)
     row = base_row(cluster, trial, started, plan)
+    if plugin is not None:
+        from testbed.plugins import row_fields
+
+        row.update(row_fields(plugin, trial.plugin_path))
     shutil.rmtree(out_dir, ignore_errors=True)
     (out_dir / "logs").mkdir(parents=True)
     used = list(plan.hosts)

@@ -82,6 +82,12 @@ COLUMNS: dict[str, pa.DataType] = {
     "payload_bytes_per_iter": pa.float64(),
     "wire_tx_bytes_per_iter": pa.float64(),
     "wire_rx_bytes_per_iter": pa.float64(),
+    # MODULE:FACTORY plugins (null for built-in compressors)
+    "plugin_module": pa.string(),
+    "plugin_version": pa.string(),  # the module's __version__ or its distribution's version, when it has one
+    "plugin_sha256": pa.string(),  # of the module's source file, as the controller (and every host) had it
+    "plugin_path": pa.string(),  # the directory given with --plugin-path (the ranks' PYTHONPATH)
+    "plugin_assumed": pa.string(),  # what the model assumed because the state did not declare it
 }
 SCHEMA = pa.schema(list(COLUMNS.items()))
 
