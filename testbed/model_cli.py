@@ -51,12 +51,25 @@ def parse_bandwidths(text: str, points: int) -> list[float]:
 
 
 def parse_compressors(text: str | None) -> list[str] | None:
+    """Built-in names, installed plugins' names (as their MODULE:FACTORY spec) and MODULE:FACTORY specs."""
     if not text:
         return None
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in pm.COMPRESSORS]
+    from runners import catalog
+    from testbed.plugins import resolve_name
+
+    names = [resolve_name(n) for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in pm.COMPRESSORS and not catalog.is_plugin_spec(n)]
     if unknown:
-        raise InputError(f"--compressors {','.join(unknown)}: unknown; expected names from {', '.join(pm.COMPRESSORS)}")
+        raise InputError(
+            f"--compressors {','.join(unknown)}: unknown; expected names from {', '.join(pm.COMPRESSORS)}, an installed "
+            "plugin's name or MODULE:FACTORY"
+        )
+    for n in names:
+        if catalog.is_plugin_spec(n):
+            try:
+                catalog.parse_plugin_spec(n)
+            except ValueError as e:
+                raise InputError(str(e)) from None
     return names
 
 
@@ -153,6 +166,9 @@ def add_commands(subparsers: Any) -> None:
     )
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory for the JSON (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
+    from testbed.plugin_cli import add_plugin_flags
+
+    add_plugin_flags(p)
     p.set_defaults(func=cmd_profile)
 
     p = subparsers.add_parser(
@@ -225,11 +241,22 @@ def profile_table(profile: pm.Profile) -> Table:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from runners import catalog
     from testbed.outputs import check_output_dir
+    from testbed.plugin_cli import parse_opts
+    from testbed.plugins import check_plugin_path, inspect
 
     check_profile_flags(args)
     compressors = parse_compressors(args.compressors)
     check_output_dir(args.out, "--out")
+    plugin_path = check_plugin_path(args.plugin_path)
+    free = parse_opts(args.opt)
+    plugins = [c for c in compressors or () if catalog.is_plugin_spec(c)]
+    if free and not plugins:
+        raise InputError("--opt applies to MODULE:FACTORY compressors in --compressors; give the built-ins' own options "
+                         "in a sweep")  # fmt: skip
+    for spec in plugins:  # the plugin's own one-line errors, before the measurement starts
+        inspect(spec, free, plugin_path)
     profile, path = modelling.measure_and_store(
         args.model,
         args.batch_size,
@@ -242,6 +269,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         bucket_cap_mb=args.bucket_cap_mb,
         threads=args.threads,
         status=_console().status,
+        options={spec: free for spec in plugins},
+        plugin_path=plugin_path,
     )
     if args.json:
         sys.stdout.write(json.dumps({"path": str(path), **pm.profile_to_dict(profile)}, indent=2) + "\n")
@@ -348,6 +377,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         )
     console.print(s)
     console.print(f"profile: {source}; hooks {'block' if data['hook_blocks_backward'] else 'overlap'} backward")
+    for n in names:
+        for a in data["compressors"][n].get("assumed") or ():
+            console.print(f"assumed for {n}: {a}")
     return 0
 
 

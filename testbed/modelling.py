@@ -37,10 +37,19 @@ def measure_profile(
     bucket_cap_mb: float = 25.0,
     threads: int = 0,
     status: Status = _quiet,
+    options: dict[str, dict[str, Any]] | None = None,
+    plugin_path: str | None = None,
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
-    `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it."""
+    `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it.
+    `options`: compressor -> its options; `plugin_path`: the directory MODULE:FACTORY plugins are imported from
+    (this process imports them: the profile runs here)."""
     check_device(device)
+    if plugin_path:
+        import sys
+
+        if plugin_path not in sys.path:
+            sys.path.insert(0, plugin_path)
     try:
         from runners.profile import profile_model
     except ImportError as exc:
@@ -59,6 +68,7 @@ def measure_profile(
             iters=iters,
             bucket_cap_mb=bucket_cap_mb,
             device=device,
+            options=options,
         )
     return pm.profile_from_dict(data, source=f"profile of {model}")
 
@@ -208,6 +218,7 @@ def prediction(
             "speedup": [b.iter_time_s / p.iter_time_s for b, p in zip(base, curves[n], strict=True)],
             "max_speedup": s.max_speedup,
             "max_speedup_at_bps": s.at_bps,
+            "assumed": list(prof.compressor(n).assumed),
             "crossover": None
             if n == baseline
             else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps, "wins_below": cx.wins_below},

@@ -78,6 +78,7 @@ class CompressorProfile:
     rounds: int
     buckets: tuple[CodecBucket, ...]
     options: Mapping[str, Any] = field(default_factory=dict)
+    assumed: tuple[str, ...] = ()  # what the profile assumed of a plugin that did not declare it
 
     @property
     def payload_bytes(self) -> int:
@@ -278,7 +279,8 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             missing = {b.index for b in buckets} - {b.index for b in cb}
             if missing:
                 raise InputError(f"{where}: no entry for bucket(s) {sorted(missing)}; expected one per DDP bucket")
-            comps[name] = CompressorProfile(name, collective, rounds, cb, dict(c.get("options") or {}))
+            comps[name] = CompressorProfile(name, collective, rounds, cb, dict(c.get("options") or {}),
+                                            tuple(str(a) for a in c.get("assumed") or ()))  # fmt: skip
         return Profile(
             model=str(_req(d, "model", source)),
             batch_size=int(_req(d, "batch_size", source)),
@@ -811,6 +813,7 @@ def profile_to_dict(profile: Profile) -> dict:
                     {"index": b.index, "payload_bytes": b.payload_bytes, "encode_s": b.encode_s, "decode_s": b.decode_s}
                     for b in c.buckets
                 ],
+                **({"assumed": list(c.assumed)} if c.assumed else {}),
             }
             for n, c in profile.compressors.items()
         },
