@@ -55,6 +55,7 @@ def check_plugin_path(text: str | None, flag: str = "--plugin-path") -> str | No
 def describe_env(plugin_path: str | None) -> dict[str, str]:
     """The environment of a describe subprocess: this one's, with PYTHONPATH replaced by the plugin path only."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # checking a plugin leaves its directory as it was
     if plugin_path:
         env["PYTHONPATH"] = plugin_path
     return env

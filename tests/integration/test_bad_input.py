@@ -38,6 +38,22 @@ NO_CLUSTER = [
     (["run", "--bw", "100mbit", "--error-feedback", "maybe"], "expected on or off"),
     (["sweep", "--bw", "1gbit", "--compressor", "powersgd", "--world-size", "2", "--rank", "0"], "rank 0"),
     (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2", "--ratio", "0.1"], "applies to no"),
+    # plugin compressors (MODULE:FACTORY): checked in a subprocess that imports the plugin, before anything starts
+    (["run", "--bw", "100mbit", "--compressor", "nosuchmod:make", "--plugin-path", "{w}/plug"], "no module named 'nosuchmod'"),
+    (["run", "--bw", "100mbit", "--compressor", "good:nothere", "--plugin-path", "{w}/plug"], "has no factory 'nothere'"),
+    (["run", "--bw", "100mbit", "--compressor", "good:raises", "--plugin-path", "{w}/plug"], "the factory raised RuntimeError: boom"),
+    (["run", "--bw", "100mbit", "--compressor", "good:wrong", "--plugin-path", "{w}/plug"], "expected a (state, hook) tuple"),
+    (["run", "--bw", "100mbit", "--compressor", "good:make", "--plugin-path", "{w}/plug", "--opt", "ratio=7"], "good ratio 7 is outside"),
+    (["run", "--bw", "100mbit", "--compressor", "good:", "--plugin-path", "{w}/plug"], "is not MODULE:FACTORY"),
+    (["run", "--bw", "100mbit", "--compressor", "good:make", "--plugin-path", "{w}/nowhere"], "nowhere: no such directory"),
+    (["run", "--bw", "100mbit", "--plugin-path", "{w}/plug"], "--plugin-path applies to MODULE:FACTORY"),
+    (["run", "--bw", "100mbit", "--compressor", "good:make", "--opt", "ratio"], "--opt 'ratio': expected KEY=VALUE"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd,good:raises", "--world-size", "2", "--plugin-path", "{w}/plug"], "boom"),
+    (["sweep", "--config", "{w}/plugin-bad-option.toml"], "good ratio 7 is outside"),
+    (["profile", "--model", "mlp", "--compressors", "good:wrong", "--plugin-path", "{w}/plug"], "expected a (state, hook)"),
+    (["check-compressor", "nosuchmod:make"], "no module named 'nosuchmod'"),
+    (["check-compressor", "good:raises", "--plugin-path", "{w}/plug"], "boom"),
+    (["check-compressor", "zip"], "unknown compressor 'zip'"),
     # trial values checked too late before
     (["run", "--bw", "100mbit", "--bucket-cap-mb", "nan"], "--bucket-cap-mb nan"),
     (["run", "--bw", "100mbit", "--bucket-cap-mb", "0"], "--bucket-cap-mb 0"),
@@ -175,6 +191,19 @@ def _write_inputs(w: Path, stored_name: str) -> None:
     (w / "orphan-options.toml").write_text(head + "[sweep.options.topk]\nratio = 0.01\n")
     (w / "bad-option.toml").write_text(head + "[sweep.options.powersgd]\nrank = 0\n")
     (w / "nan-bucket.toml").write_text(head + "bucket_cap_mb = nan\n")
+    plug = w / "plug"
+    plug.mkdir()
+    (plug / "good.py").write_text(
+        "def make(process_group=None, ratio=0.1):\n"
+        "    if not 0 < ratio <= 1:\n        raise ValueError(f'good ratio {ratio} is outside (0, 1]')\n"
+        "    return object(), lambda state, bucket: None\n"
+        "def raises(process_group=None):\n    raise RuntimeError('boom')\n"
+        "def wrong(process_group=None):\n    return 42\n"
+    )
+    (w / "plugin-bad-option.toml").write_text(
+        '[sweep]\nbw = ["100mbit"]\ncompressor = ["good:make"]\nworld_size = [2]\nplugin_path = "plug"\n'
+        '[sweep.options."good:make"]\nratio = 7\n'
+    )
     # a results store holding an ok trial: `run --bw 100mbit` (all defaults, 2 ranks) on cluster `stored_name`
     from testbed.results import ResultsStore
 
@@ -250,7 +279,7 @@ def _cli(env: dict[str, str], cwd: Path, *args: str, module: str = "testbed.cli"
     )
 
 
-NAMELESS = ("results", "report", "profile", "predict")  # commands without --name
+NAMELESS = ("results", "report", "profile", "predict", "check-compressor")  # commands without --name
 
 
 def _argv(argv: list[str], work: Path, name: str) -> list[str]:
