@@ -86,7 +86,8 @@ def _print_lab_hosts(status: dict, shape: LinkShape | None) -> None:
         sys.stdout.write(
             f"  {h['name']:<12} {h['address']:<16} {h['data_iface']:<12} gpus {h.get('gpus', '?')}  "
             f"nic {h.get('nic_speed_mbps') or '?'} Mbit/s  python {h.get('python', '?')}  torch {h.get('torch', '?')}  "
-            f"nccl {h.get('nccl') or '-'}\n"
+            f"cuda {h.get('cuda') or '-'}  nccl {h.get('nccl') or '-'}  driver {h.get('driver') or '-'}"
+            f"{'  ' + h['gpu_name'] if h.get('gpu_name') else ''}\n"
         )
 
 

@@ -17,7 +17,8 @@ from shaping.units import format_rate
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 2 only added columns (placement, overlap, peer skew, GPU versions)
 REQUIRED_COLUMNS = (
     "schema_version",
     "trial_id",
@@ -96,17 +97,18 @@ def check_results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict[str, 
         raise InputError(f"results: missing column(s) {', '.join(missing)}; expected results schema {SCHEMA_VERSION}")
     notes: list[str] = []
     versions = sorted({int(v) for v in df["schema_version"].dropna().unique()})
-    if SCHEMA_VERSION not in versions:
+    readable = ", ".join(map(str, READABLE_VERSIONS))
+    if not set(versions) & set(READABLE_VERSIONS):
         raise InputError(
             f"results: schema_version {', '.join(map(str, versions)) or 'missing'} is not supported; "
-            f"this report reads version {SCHEMA_VERSION}"
+            f"this report reads versions {readable}"
         )
-    if len(versions) > 1:
-        other = df["schema_version"] != SCHEMA_VERSION
+    other = ~df["schema_version"].isin(READABLE_VERSIONS)
+    if other.any():
         notes.append(
             f"{int(other.sum())} trial(s) with schema_version "
-            f"{', '.join(str(v) for v in versions if v != SCHEMA_VERSION)} skipped "
-            f"(mixed schema versions; this report reads version {SCHEMA_VERSION})"
+            f"{', '.join(str(v) for v in versions if v not in READABLE_VERSIONS)} skipped "
+            f"(this report reads versions {readable})"
         )
         df = df[~other]
     counts = {str(k): int(v) for k, v in df["status"].value_counts().items()}
