@@ -14,6 +14,9 @@ on GPU), stop both clocks. Rank 0 gathers every rank's times and writes one JSON
           collective: what it takes from compute that runs beside it on the same cores)
   algbw_bps = 8n / median(wall_s);  busbw_bps = algbw x 2(p-1)/p (all-reduce), x (p-1)/p (all-gather)
 
+the contention probe (sizes from a quarter of the largest up): the collective started asynchronously while the rank
+runs short pieces of compute (a small matmul, timed alone first) until it completes;
+  stolen_s = elapsed - pieces x piece time: the compute the collective took from the rank while it ran;
 and the local probe: median seconds of ``x.add_(y)`` (a reduction) and ``x.copy_(y)`` over the largest size.
 """
 
@@ -42,6 +45,23 @@ def bus_factor(collective: str, world_size: int) -> float:
     """nccl-tests' busbw / algbw: 2(p-1)/p for all-reduce, (p-1)/p for all-gather."""
     p = world_size
     return 2 * (p - 1) / p if collective == "allreduce" else (p - 1) / p
+
+
+def _chunk_time(chunk, sync, done, n: int = 400) -> float:
+    """Seconds per step of the probe's loop alone (a compute chunk, a synchronise and the completion check on a work
+    already done), so the loop's own overhead is not counted as stolen: the median of 8 runs of n/8 steps."""
+    for _ in range(20):
+        chunk()
+    sync()
+    runs = []
+    for _ in range(8):
+        t0 = time.perf_counter()
+        for _ in range(n // 8):
+            chunk()
+            sync()
+            done.is_completed()
+        runs.append((time.perf_counter() - t0) / (n // 8))
+    return statistics.median(runs)
 
 
 def run(args: CollBenchArgs, env: RankEnv) -> dict:
@@ -101,6 +121,40 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
                     op()
                 times = [timed(op) for _ in range(args.reps)]
                 results.append({"collective": name, "bytes": numel * 4, "times": times})
+        # contention probe: how much compute a collective takes from the rank while it runs beside it (gloo: the
+        # copies, reductions and socket work on the same cores; NCCL: the SMs and copy engines it occupies)
+        a_mm = torch.rand(160, 160, device=device)
+        chunk = lambda: torch.mm(a_mm, a_mm)  # noqa: E731  one short piece of compute
+        done = dist.all_reduce(torch.zeros(1, device=device), async_op=True)
+        done.wait()
+        chunk_s = _chunk_time(chunk, sync, done)
+        big_sizes = [s for s in args.sizes_bytes if s >= max(args.sizes_bytes) // 4]
+        contention = []
+        for size in big_sizes:
+            numel = max(p, size // 4 // p * p)
+            x = torch.ones(numel, dtype=torch.float32, device=device)
+            out = torch.empty(numel, dtype=torch.float32, device=device)
+            piece = x[: numel // p].clone()
+            starts = {
+                "allreduce": lambda x=x: dist.all_reduce(x, async_op=True),
+                "allgather": lambda out=out, piece=piece: gather_op(out, piece, async_op=True),
+            }
+            for name, start in starts.items():
+                stolen = []
+                for _ in range(args.reps):
+                    barrier()
+                    sync()
+                    t0 = time.perf_counter()
+                    work = start()
+                    n = 0
+                    while not work.is_completed():
+                        chunk()
+                        sync()
+                        n += 1
+                    elapsed = time.perf_counter() - t0
+                    work.wait()
+                    stolen.append((elapsed, max(0.0, elapsed - n * chunk_s)))
+                contention.append({"collective": name, "bytes": numel * 4, "times": stolen})
         # local reduction / copy probe on the largest size (no communication)
         big = max(args.sizes_bytes) // 4
         a = torch.ones(big, dtype=torch.float32, device=device)
@@ -117,7 +171,7 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
                 ts.append(time.perf_counter() - t0)
             local[name] = statistics.median(ts)
         gathered: list = [None] * p
-        dist.all_gather_object(gathered, {"results": results, "local": local})
+        dist.all_gather_object(gathered, {"results": results, "local": local, "contention": contention})
         barrier()
     finally:
         dist.destroy_process_group()
@@ -132,6 +186,15 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
         algbw = 8 * r["bytes"] / med if med > 0 else float("inf")
         rows.append({"collective": r["collective"], "bytes": r["bytes"], "wall_s": wall, "cpu_s": cpu,
                      "algbw_bps": algbw, "busbw_bps": algbw * bus_factor(r["collective"], p)})  # fmt: skip
+    stolen_rows = []
+    for i, r in enumerate(contention):
+        per_rank = [g["contention"][i]["times"] for g in gathered]
+        stolen_rows.append({
+            "collective": r["collective"],
+            "bytes": r["bytes"],
+            "wall_s": [max(t[k][0] for t in per_rank) for k in range(args.reps)],
+            "stolen_s": [statistics.fmean(t[k][1] for t in per_rank) for k in range(args.reps)],
+        })  # fmt: skip
     locals_ = [g["local"] for g in gathered]
     return {
         "schema": COLLBENCH_SCHEMA,
@@ -141,6 +204,8 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
         "threads": args.threads or torch.get_num_threads(),
         "torch_version": torch.__version__,
         "samples": rows,
+        "contention": stolen_rows,
+        "compute_chunk_s": chunk_s,
         "local_probe": {
             "bytes": big * 4,
             "reduce_s": statistics.median(lp["reduce"] for lp in locals_),

@@ -4,7 +4,7 @@ and the choice of calibration a prediction uses. Torch-free; `testbed/calibrate.
 Inputs: per collective and message size n (bytes; for all-gather the *output*, n / p from each of p ranks, as
 nccl-tests counts it) the median wall time of the slowest rank and the mean CPU time a rank's process spent.
 
-The fit (weighted least squares of a line, weights 1/y^2, so every size counts by its relative error):
+The fit (`fit_line`: slope from the large messages, intercept from the small ones, as one reads nccl-tests):
 
     all-reduce wall  T_ar(n) = 2(p-1) alpha + 2(p-1)/p * 8n / B_ar
     all-gather wall  T_ag(n) =  (p-1) alpha +  (p-1)/p * 8n / B_ag
@@ -12,7 +12,9 @@ The fit (weighted least squares of a line, weights 1/y^2, so every size counts b
         B_ar  = 2(p-1)/p * 8 / slope_ar          effective bandwidth (bits/s) of all-reduce; B_ag likewise
         efficiency eta = B_ar / rate             when calibrated at a shaped rate (clamped to (0, 1])
 
-    all-reduce CPU   H_ar(n) = c + s_ar n ,  all-gather CPU  H_ag(n) = c' + s_ag n
+    host time per byte s_ar, s_ag: from the contention probe (compute a collective takes from a rank running beside
+    it, `stolen_s`, per byte: the median of stolen_s / n over the probed sizes and repetitions); without one, from the
+    slope of the process CPU time (which misses the kernel's socket work done outside the process).
         a rank sends (and receives) 2(p-1)/p n bytes in an all-reduce and reduces (p-1)/p n of them;
         in an all-gather it sends (p-1)/p n and reduces nothing. So
         k     = s_ag / ((p-1)/p)                 host seconds per byte on the wire (copies, socket stack)
@@ -55,22 +57,28 @@ class LineFit:
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> LineFit:
-    """Least squares with weights 1/y^2 (relative errors): small messages fix the intercept, large ones the slope.
+    """y = a + b x the way nccl-tests reads its table: the slope b from the large messages, the intercept a from the
+    small ones, so neither end's noise leaks into the other (a shaper's burst lets a small message through at line
+    rate; a 5 % wobble of a large message's time is larger than the whole latency).
 
-    minimise sum_i ((a + b x_i - y_i) / y_i)^2 ; solved in closed form (2x2 normal equations)."""
-    pts = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True) if y > 0 and math.isfinite(y)]
-    if len({x for x, _ in pts}) < 2:
+        b = least-squares slope over the upper half of the distinct sizes (all of them when there are 2 or 3)
+        a = median over the lower half of (y_i - b x_i)
+    Repeated sizes are averaged first."""
+    pts: dict[float, list[float]] = {}
+    for x, y in zip(xs, ys, strict=True):
+        if y > 0 and math.isfinite(y):
+            pts.setdefault(float(x), []).append(float(y))
+    if len(pts) < 2:
         raise InputError("cannot fit a line: need positive times at two or more distinct message sizes")
-    w = [1.0 / (y * y) for _, y in pts]
-    sw = sum(w)
-    sx = sum(wi * x for wi, (x, _) in zip(w, pts, strict=True))
-    sy = sum(wi * y for wi, (_, y) in zip(w, pts, strict=True))
-    sxx = sum(wi * x * x for wi, (x, _) in zip(w, pts, strict=True))
-    sxy = sum(wi * x * y for wi, (x, y) in zip(w, pts, strict=True))
-    det = sw * sxx - sx * sx
-    slope = (sw * sxy - sx * sy) / det
-    intercept = (sy - slope * sx) / sw
-    rms = math.sqrt(statistics.fmean(((intercept + slope * x - y) / y) ** 2 for x, y in pts))
+    xy = sorted((x, statistics.fmean(v)) for x, v in pts.items())
+    n = len(xy)
+    upper = xy if n <= 3 else xy[n // 2 :]
+    lower = xy if n <= 3 else xy[: (n + 1) // 2]
+    mx = statistics.fmean(x for x, _ in upper)
+    my = statistics.fmean(y for _, y in upper)
+    slope = sum((x - mx) * (y - my) for x, y in upper) / sum((x - mx) ** 2 for x, _ in upper)
+    intercept = statistics.median(y - slope * x for x, y in lower)
+    rms = math.sqrt(statistics.fmean(((intercept + slope * x - y) / y) ** 2 for x, y in xy))
     return LineFit(intercept, slope, rms)
 
 
@@ -98,6 +106,16 @@ def sample(collective: str, n_bytes: int, wall_s: float, cpu_s: float, world_siz
 
 
 @dataclass(frozen=True)
+class ContentionSample:
+    """A collective run beside compute: its wall time and the compute it took from the rank (medians)."""
+
+    collective: str
+    n_bytes: int
+    wall_s: float
+    stolen_s: float
+
+
+@dataclass(frozen=True)
 class Fitted:
     """What the fit gives the model (see the module docstring for the equations)."""
 
@@ -106,13 +124,22 @@ class Fitted:
     allgather_bandwidth_bps: float
     host_s_per_wire_byte: float  # k
     reduce_s_per_byte: float  # gamma
+    host_source: str  # "contention probe" | "process CPU time"
     allreduce_fit: LineFit
     allgather_fit: LineFit
     cpu_allreduce_fit: LineFit
     cpu_allgather_fit: LineFit
 
 
-def fit_collectives(samples: Sequence[CollSample], world_size: int) -> Fitted:
+def host_per_byte(contention: Sequence[ContentionSample], collective: str) -> float | None:
+    """Median of stolen_s / n over the contention samples of one collective (None without samples)."""
+    vals = [c.stolen_s / c.n_bytes for c in contention if c.collective == collective and c.n_bytes > 0]
+    return statistics.median(vals) if vals else None
+
+
+def fit_collectives(
+    samples: Sequence[CollSample], world_size: int, contention: Sequence[ContentionSample] = ()
+) -> Fitted:
     """alpha, B_ar, B_ag, k and gamma from samples of both collectives at two or more sizes each."""
     p = world_size
     if p < 2:
@@ -131,14 +158,19 @@ def fit_collectives(samples: Sequence[CollSample], world_size: int) -> Fitted:
     f = (p - 1) / p
     cpu_ar = fit_line([s.n_bytes for s in by["allreduce"]], [max(s.cpu_s, 1e-9) for s in by["allreduce"]])
     cpu_ag = fit_line([s.n_bytes for s in by["allgather"]], [max(s.cpu_s, 1e-9) for s in by["allgather"]])
-    k = max(0.0, cpu_ag.slope / f)
-    gamma = max(0.0, (cpu_ar.slope - 2 * f * k) / f)
+    s_ar, s_ag = host_per_byte(contention, "allreduce"), host_per_byte(contention, "allgather")
+    source = "contention probe"
+    if s_ar is None or s_ag is None:
+        s_ar, s_ag, source = cpu_ar.slope, cpu_ag.slope, "process CPU time"
+    k = max(0.0, s_ag / f)
+    gamma = max(0.0, (s_ar - 2 * f * k) / f)
     return Fitted(
         latency_s=max(0.0, ar.intercept / (2 * (p - 1))),
         bandwidth_bps=2 * f * 8.0 / ar.slope,
         allgather_bandwidth_bps=f * 8.0 / ag.slope,
         host_s_per_wire_byte=k,
         reduce_s_per_byte=gamma,
+        host_source=source,
         allreduce_fit=ar,
         allgather_fit=ag,
         cpu_allreduce_fit=cpu_ar,
@@ -160,6 +192,7 @@ class Calibration:
     created_at: str
     samples: tuple[CollSample, ...]
     fitted: Fitted
+    contention: tuple[ContentionSample, ...] = ()
     local_reduce_s_per_byte: float | None = None
     local_copy_s_per_byte: float | None = None
     torch_version: str = ""
@@ -171,6 +204,13 @@ class Calibration:
         if not self.rate_bps:
             return None
         return min(1.0, max(1e-6, self.fitted.bandwidth_bps / self.rate_bps))
+
+    @property
+    def allgather_efficiency(self) -> float | None:
+        """B_ag / shaped rate, clamped to (0, 1]; None when calibrated unshaped."""
+        if not self.rate_bps:
+            return None
+        return min(1.0, max(1e-6, self.fitted.allgather_bandwidth_bps / self.rate_bps))
 
     def describe(self) -> str:
         at = format_rate(self.rate_bps) if self.rate_bps else "unshaped"
@@ -186,6 +226,7 @@ class Calibration:
         }
         if self.efficiency is not None:
             out["efficiency"] = self.efficiency
+            out["allgather_efficiency"] = self.allgather_efficiency
         return out
 
 
@@ -200,6 +241,12 @@ def calibration_from_bench(
         sample(s["collective"], s["bytes"], statistics.median(s["wall_s"]), statistics.median(s["cpu_s"]), p)
         for s in bench["samples"]
     )
+    contention = tuple(
+        ContentionSample(
+            c["collective"], int(c["bytes"]), statistics.median(c["wall_s"]), statistics.median(c["stolen_s"])
+        )  # fmt: skip
+        for c in bench.get("contention") or ()
+    )
     lp = bench.get("local_probe") or {}
     n = lp.get("bytes") or 0
     return Calibration(
@@ -211,7 +258,8 @@ def calibration_from_bench(
         threads=int(bench.get("threads", 0)),
         created_at=created_at or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         samples=samples,
-        fitted=fit_collectives(samples, p),
+        fitted=fit_collectives(samples, p, contention),
+        contention=contention,
         local_reduce_s_per_byte=lp["reduce_s"] / n if n and "reduce_s" in lp else None,
         local_copy_s_per_byte=lp["copy_s"] / n if n and "copy_s" in lp else None,
         torch_version=str(bench.get("torch_version", "")),
@@ -239,7 +287,9 @@ def calibration_to_dict(c: Calibration) -> dict[str, Any]:
             "bandwidth_bps": f.bandwidth_bps,
             "allgather_bandwidth_bps": f.allgather_bandwidth_bps,
             "efficiency": c.efficiency,
+            "allgather_efficiency": c.allgather_efficiency,
             "host_s_per_wire_byte": f.host_s_per_wire_byte,
+            "host_source": f.host_source,
             "reduce_s_per_byte": f.reduce_s_per_byte,
             "local_reduce_s_per_byte": c.local_reduce_s_per_byte,
             "local_copy_s_per_byte": c.local_copy_s_per_byte,
@@ -249,9 +299,19 @@ def calibration_to_dict(c: Calibration) -> dict[str, Any]:
             "allgather_cpu": _fit_dict(f.cpu_allgather_fit),
         },
         "samples": [
-            {"collective": s.collective, "bytes": s.n_bytes, "wall_s": s.wall_s, "cpu_s": s.cpu_s,
-             "algbw_bps": s.algbw_bps, "busbw_bps": s.busbw_bps}  # fmt: skip
+            {
+                "collective": s.collective,
+                "bytes": s.n_bytes,
+                "wall_s": s.wall_s,
+                "cpu_s": s.cpu_s,
+                "algbw_bps": s.algbw_bps,
+                "busbw_bps": s.busbw_bps,
+            }  # fmt: skip
             for s in c.samples
+        ],
+        "contention": [
+            {"collective": s.collective, "bytes": s.n_bytes, "wall_s": s.wall_s, "stolen_s": s.stolen_s}
+            for s in c.contention
         ],
     }
 
@@ -264,9 +324,19 @@ def calibration_from_dict(d: Mapping[str, Any], source: str = "calibration") -> 
     try:
         p = int(d["world_size"])
         samples = tuple(
-            CollSample(s["collective"], int(s["bytes"]), float(s["wall_s"]), float(s["cpu_s"]),
-                       float(s["algbw_bps"]), float(s["busbw_bps"]))  # fmt: skip
+            CollSample(
+                s["collective"],
+                int(s["bytes"]),
+                float(s["wall_s"]),
+                float(s["cpu_s"]),
+                float(s["algbw_bps"]),
+                float(s["busbw_bps"]),
+            )  # fmt: skip
             for s in d["samples"]
+        )
+        contention = tuple(
+            ContentionSample(s["collective"], int(s["bytes"]), float(s["wall_s"]), float(s["stolen_s"]))
+            for s in d.get("contention") or ()
         )
         fitted = d.get("fitted") or {}
         return Calibration(
@@ -278,7 +348,8 @@ def calibration_from_dict(d: Mapping[str, Any], source: str = "calibration") -> 
             threads=int(d.get("threads", 0)),
             created_at=str(d.get("created_at", "")),
             samples=samples,
-            fitted=fit_collectives(samples, p),
+            fitted=fit_collectives(samples, p, contention),
+            contention=contention,
             local_reduce_s_per_byte=fitted.get("local_reduce_s_per_byte"),
             local_copy_s_per_byte=fitted.get("local_copy_s_per_byte"),
             torch_version=str(d.get("torch_version", "")),
@@ -347,6 +418,7 @@ class ModelTerms:
     host_s_per_wire_byte: float = 0.0
     reduce_s_per_byte: float = 0.0
     source: str = "defaults (no calibration)"
+    allgather_efficiency: float | None = None  # None: `efficiency` for all-gather too
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> pm.Network:
         return pm.Network(
@@ -356,6 +428,7 @@ class ModelTerms:
             self.efficiency,
             host_s_per_wire_byte=self.host_s_per_wire_byte,
             reduce_s_per_byte=self.reduce_s_per_byte,
+            allgather_efficiency=self.allgather_efficiency,
         )
 
     def describe(self) -> str:
@@ -365,7 +438,8 @@ class ModelTerms:
             if self.host_s_per_wire_byte or self.reduce_s_per_byte
             else ", no host cost"
         )
-        return f"latency {self.latency_s * 1e6:.3g} us, efficiency {self.efficiency:.3g}{host}; {self.source}"
+        ag = f" (all-gather {self.allgather_efficiency:.3g})" if self.allgather_efficiency is not None else ""
+        return f"latency {self.latency_s * 1e6:.3g} us, efficiency {self.efficiency:.3g}{ag}{host}; {self.source}"
 
 
 def model_terms(
@@ -390,4 +464,5 @@ def model_terms(
         terms["host_s_per_wire_byte"],
         terms["reduce_s_per_byte"],
         src,
+        terms.get("allgather_efficiency") if efficiency is None else None,
     )

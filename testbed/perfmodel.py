@@ -152,6 +152,7 @@ class Network:
     efficiency: float = 1.0
     host_s_per_wire_byte: float = 0.0  # k: host time per byte a rank sends (copies, socket stack); calibrated
     reduce_s_per_byte: float = 0.0  # gamma: host time per byte a rank reduces; calibrated
+    allgather_efficiency: float | None = None  # all-gather's fraction of the link when it differs (None: efficiency)
 
     def __post_init__(self) -> None:
         for name in ("host_s_per_wire_byte", "reduce_s_per_byte"):
@@ -164,8 +165,10 @@ class Network:
             raise InputError(f"bandwidth {self.bandwidth_bps!r} bit/s: expected a positive finite rate")
         if self.latency_s < 0 or not math.isfinite(self.latency_s):
             raise InputError(f"latency {self.latency_s!r} s: expected >= 0")
-        if not (0 < self.efficiency <= 1):
-            raise InputError(f"efficiency {self.efficiency!r}: expected a fraction in (0, 1]")
+        for name in ("efficiency", "allgather_efficiency"):
+            v = getattr(self, name)
+            if v is not None and not (0 < v <= 1):
+                raise InputError(f"{name.replace('_', ' ')} {v!r}: expected a fraction in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -400,6 +403,8 @@ def collective_time_s(collective: str, n_bytes: float, rounds: int, net: Network
     else:
         raise InputError(f"collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
     p, b, eff = net.world_size, net.bandwidth_bps, net.efficiency
+    if collective == "allgather" and net.allgather_efficiency is not None:
+        eff = net.allgather_efficiency
     latency = fn(0.0, p, b, net.latency_s, eff, rounds)
     return latency + max(fn(n_bytes, p, b, 0.0, eff, rounds), collective_host_s(collective, n_bytes, net))
 
@@ -535,6 +540,7 @@ def predict_curves(
     hook_blocks_backward: bool = False,
     host_s_per_wire_byte: float = 0.0,
     reduce_s_per_byte: float = 0.0,
+    allgather_efficiency: float | None = None,
 ) -> dict[str, list[Prediction]]:
     """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth."""
     names = list(compressors) if compressors else profile.compressor_names()
@@ -544,7 +550,15 @@ def predict_curves(
             predict_iteration(
                 profile,
                 name,
-                Network(world_size, float(b), latency_s, efficiency, host_s_per_wire_byte, reduce_s_per_byte),
+                Network(
+                    world_size,
+                    float(b),
+                    latency_s,
+                    efficiency,
+                    host_s_per_wire_byte,
+                    reduce_s_per_byte,
+                    allgather_efficiency,
+                ),
                 hook_blocks_backward=hook_blocks_backward,
             )
             for b in bandwidths_bps
@@ -653,6 +667,7 @@ def crossover(
     points: int = 64,
     host_s_per_wire_byte: float = 0.0,
     reduce_s_per_byte: float = 0.0,
+    allgather_efficiency: float | None = None,
 ) -> Crossover:
     """Bandwidth B* in [low, high] where `compressor`'s predicted iteration time equals `baseline`'s."""
 
@@ -660,7 +675,9 @@ def crossover(
         return predict_iteration(
             profile,
             name,
-            Network(world_size, b, latency_s, efficiency, host_s_per_wire_byte, reduce_s_per_byte),
+            Network(
+                world_size, b, latency_s, efficiency, host_s_per_wire_byte, reduce_s_per_byte, allgather_efficiency
+            ),
             hook_blocks_backward=hook_blocks_backward,
         ).iter_time_s
 
@@ -691,6 +708,7 @@ def summarize(
     hook_blocks_backward: bool = False,
     host_s_per_wire_byte: float = 0.0,
     reduce_s_per_byte: float = 0.0,
+    allgather_efficiency: float | None = None,
 ) -> dict[str, SpeedupSummary]:
     """Best speedup over `baseline` in the range, and the crossover, per compressor."""
     names = list(compressors) if compressors else profile.compressor_names()
@@ -704,6 +722,7 @@ def summarize(
         hook_blocks_backward=hook_blocks_backward,
         host_s_per_wire_byte=host_s_per_wire_byte,
         reduce_s_per_byte=reduce_s_per_byte,
+        allgather_efficiency=allgather_efficiency,
     )
     base = curves[baseline]
     lo, hi = min(bandwidths_bps), max(bandwidths_bps)
@@ -724,6 +743,7 @@ def summarize(
                 hook_blocks_backward=hook_blocks_backward,
                 host_s_per_wire_byte=host_s_per_wire_byte,
                 reduce_s_per_byte=reduce_s_per_byte,
+                allgather_efficiency=allgather_efficiency,
             )
             if lo < hi
             else Crossover(name, baseline, "always" if speedups[0] > 1 else "never", None, lo, hi)
