@@ -13,7 +13,8 @@ The fit (`fit_line`: slope from the large messages, intercept from the small one
         efficiency eta = B_ar / rate             when calibrated at a shaped rate (clamped to (0, 1])
 
     host time per byte s_ar, s_ag: from the contention probe (compute a collective takes from a rank running beside
-    it, `stolen_s`, per byte: the median of stolen_s / n over the probed sizes and repetitions); without one, from the
+    it, `stolen_s`, the least over repetitions, since other load on the host only adds to it; per byte: the median of
+    stolen_s / n over the probed sizes); without one, from the
     slope of the process CPU time (which misses the kernel's socket work done outside the process).
         a rank sends (and receives) 2(p-1)/p n bytes in an all-reduce and reduces (p-1)/p n of them;
         in an all-gather it sends (p-1)/p n and reduces nothing. So
@@ -107,7 +108,7 @@ def sample(collective: str, n_bytes: int, wall_s: float, cpu_s: float, world_siz
 
 @dataclass(frozen=True)
 class ContentionSample:
-    """A collective run beside compute: its wall time and the compute it took from the rank (medians)."""
+    """A collective run beside compute: its wall time (median) and the compute it took from the rank (least)."""
 
     collective: str
     n_bytes: int
@@ -243,7 +244,7 @@ def calibration_from_bench(
     )
     contention = tuple(
         ContentionSample(
-            c["collective"], int(c["bytes"]), statistics.median(c["wall_s"]), statistics.median(c["stolen_s"])
+            c["collective"], int(c["bytes"]), statistics.median(c["wall_s"]), min(c["stolen_s"])
         )  # fmt: skip
         for c in bench.get("contention") or ()
     )
