@@ -134,7 +134,7 @@ def run_trial(
             argv = [sys.executable, *r.argv]
             procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=out_dir / "logs" / r.log_name))
         say("training")
-        _watch(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
+        watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
         for host in used:
             cluster.fetch(host, rank_out, out_dir)
         row.update(metrics_from_summary(out_dir / "summary.json"))
@@ -161,7 +161,9 @@ def run_trial(
     return row
 
 
-def _watch(procs: list, *, deadline: float, out_dir: Path) -> None:
+def watch_ranks(procs: list, *, deadline: float, out_dir: Path) -> None:
+    """Poll rank processes until all exit 0; the first non-zero exit (its log tail), Ctrl-C or the deadline raise
+    TrialFailed. Logs are read from out_dir/logs/rank<r>.log."""
     while True:
         if STOP.is_set():
             raise TrialFailed("interrupted (Ctrl-C); a resumed sweep runs it again")

@@ -251,6 +251,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         plugin_path=_plugin_path(args),
         **_common(args),
     )
+    store = _open_store(args.out)  # checked writable before anything is looked up or started
     infos = _inspect_plugins([trial])
     cluster = _cluster_for(args, trial.world_size)
     # backend, ranks per host and world size made concrete for this cluster's hosts (exit 2 if they cannot run it)
@@ -264,7 +265,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         print_json({"trial_id": trial.trial_id, "trial": trial.config(), "plugin": _plugin_of(trial, infos),
                     "plan": plan.to_json()})  # fmt: skip
         return 0
-    store = _open_store(args.out)
     stored = store.find(trial.trial_id)
     if stored is not None and stored["status"] == "ok" and not args.rerun:
         raise InputError(
@@ -393,6 +393,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _refuse_big_grid(n: int, eta: str) -> None:
+    raise InputError(f"sweep: {n} trials to run ({eta}); more than {CONFIRM_GRID_ABOVE} trials need --yes")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from testbed import launch_plan
     from testbed.launch import STOP, run_trial, stop_on_ctrl_c
@@ -403,6 +407,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     trials = _sweep_trials(args)
     infos = _inspect_plugins(trials)
     store = _open_store(args.out)
+    if registry.load_record(args.name) is None and len(trials) > CONFIRM_GRID_ABOVE and not args.yes:
+        _refuse_big_grid(len(trials), _eta_text(store, len(trials), args.timeout))  # said before "no cluster"
     cluster = _cluster_for(args, max(t.world_size for t in trials))
     hosts = cluster.hosts()
     # concrete backend and ranks per host for these hosts (their trial ids are what the store holds); every trial
@@ -412,7 +418,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     todo = [t for t in trials if t.trial_id not in done]
     eta = _eta_text(store, len(todo), args.timeout)
     if len(todo) > CONFIRM_GRID_ABOVE and not args.yes:
-        raise InputError(f"sweep: {len(todo)} trials to run ({eta}); more than {CONFIRM_GRID_ABOVE} trials need --yes")
+        _refuse_big_grid(len(todo), eta)
     console.print(
         f"sweep: {len(trials)} trials, {len(trials) - len(todo)} already stored, {len(todo)} to run"
         + (f" ({eta})" if todo else "")

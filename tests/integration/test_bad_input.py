@@ -123,6 +123,19 @@ NO_CLUSTER = [
     (["profile", "--model", "mlp", "--image-size", "0"], "--image-size 0"),
     (["profile", "--model", "mlp", "--bucket-cap-mb", "nan"], "--bucket-cap-mb nan"),
     (["profile", "--model", "mlp", "--threads", "-1"], "--threads -1"),
+    # calibrate: checked before the cluster is looked up
+    (["calibrate", "--sizes", "1mb"], "at least 2 distinct message sizes"),
+    (["calibrate", "--sizes", "16kb,2gb"], "outside 1 KB..1 GB"),
+    (["calibrate", "--sizes", "16kb,lots"], "--sizes"),
+    (["calibrate", "--sizes", ""], "--sizes '': empty"),
+    (["calibrate", "--reps", "0"], "--reps 0"),
+    (["calibrate", "--timeout", "nan"], "--timeout nan"),
+    (["calibrate", "--world-size", "1"], "at least 2 ranks"),
+    (["calibrate", "--bw", "9gbps"], "ambiguous unit"),
+    (["calibrate", "--out", "{w}/afile"], "is a file"),
+    (["calibrate"], "no cluster named"),
+    (["predict", "--model", "mlp", "--calibration", "{w}/nope.json"], "--calibration"),
+    (["report", "{w}/store", "--calibration", "{w}/nope.json"], "--calibration"),
     # output paths: a file where a directory is needed, a missing parent, not writable
     (["run", "--bw", "100mbit", "--out", "{w}/afile"], "is a file"),
     (["run", "--bw", "100mbit", "--out", "{w}/no/such/dir"], "parent directory"),
@@ -138,8 +151,7 @@ NO_CLUSTER = [
     (["report", "{w}/store", "--out", "{w}/afile"], "is a file"),
     (["report", "{w}/store", "--out", "{w}/no/such/dir"], "parent directory"),
     (["report", "{w}/store", "--out", "/proc/testbed-report"], "cannot write"),
-    # the results store keeps an ok measurement: `run` of a stored trial needs --rerun
-    (["run", "--bw", "100mbit", "--out", "{w}/store"], "add --rerun"),
+    # (a stored-ok trial is refused once the cluster is known: its id is that of the trial resolved for the hosts)
     # run/sweep never bring a cluster up (nothing would take it down)
     (["run", "--bw", "100mbit", "--rerun", "--out", "{w}/store"], "`testbed up --name"),
     (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2"], "`testbed up --name"),
@@ -166,12 +178,12 @@ SHAPING_CLI = [  # the host-side CLI that lab hosts run (commit-confirmed shapin
 
 # ------------------------------------------------------------------------------------------- on a live cluster
 ON_CLUSTER = [
-    (["run", "--bw", "100mbit", "--world-size", "5"], "larger than cluster"),
+    (["run", "--bw", "100mbit", "--world-size", "5"], "needs 5 hosts; the cluster has 2"),
     (["run", "--bw", "100mbit", "--compressor", "topk", "--ratio", "0"], "topk ratio 0.0 is outside (0, 1]"),
     (["run", "--bw", "100mbit", "--image-size", "0"], "--image-size 0"),
     (["run", "--bw", "100mbit", "--out", "{w}/store"], "add --rerun"),
-    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2,5"], "larger than cluster"),
-    (["sweep", *GRID_50, "--world-size", "2,3"], "more than 50 trials need --yes"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2,5"], "needs 5 hosts; the cluster has 2"),
+    (["sweep", *GRID_50, "--world-size", "1,2"], "more than 50 trials need --yes"),
     (["shape", "--bw", "1gbit", "--hosts", "h0,h9"], "unknown host 'h9'"),
     (["shape", "--bw", "0"], "out of range"),
     (["probe", "--pairs", "h0:h9"], "unknown host 'h9'"),
@@ -207,7 +219,9 @@ def _write_inputs(w: Path, stored_name: str) -> None:
     # a results store holding an ok trial: `run --bw 100mbit` (all defaults, 2 ranks) on cluster `stored_name`
     from testbed.results import ResultsStore
 
-    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=stored_name)
+    # as `run` resolves it on a CPU cluster: gloo, one rank per host
+    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=stored_name,
+                  backend="gloo", ranks_per_host=1)  # fmt: skip
     ResultsStore(w / "store").append(
         {"trial_id": trial.trial_id, "status": "ok", "started_at": "2025-01-01T00:00:00+00:00", "model": "resnet18",
          "compressor": "syncsgd", "compressor_options": "{}", "world_size": 2, "rate_bps": 100_000_000,
@@ -263,7 +277,8 @@ def shared_cluster(env, work):
     name = "t" + random_suffix()
     from testbed.results import ResultsStore
 
-    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=name)
+    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=name,
+                  backend="gloo", ranks_per_host=1)  # fmt: skip
     ResultsStore(work / "store").append({"trial_id": trial.trial_id, "status": "ok", "compressor": "syncsgd"})
     try:
         done = _cli(env, work, "up", "--name", name, "--hosts", "2", "--bw", "1gbit")
