@@ -33,7 +33,7 @@ from runners import catalog
 from testbed.errors import InputError
 
 POLL_S = 0.05
-ORDER_SIGNS = ("Timed out", "EnforceNotMet", "preamble", "Connection closed by peer", "mismatch")
+ORDER_SIGNS = ("Timed out", "EnforceNotMet", "preamble", "Connection closed by peer", "mismatch", "unbound_buffer")
 DEFAULT_TIMEOUT_S = 120.0
 
 
@@ -139,7 +139,8 @@ def run_ranks(spec: str, options: dict[str, Any], plugin_path: str | None, *, wo
                     r, c = bad[0]
                     log = _tail(out / f"rank{r}.log")
                     reason = f"crash: rank {r} exited with code {c} at {_stage(out, r)!r}: {log}"
-                    if any(k in log for k in ORDER_SIGNS):
+                    full = (out / f"rank{r}.log").read_text(errors="replace") if (out / f"rank{r}.log").exists() else log
+                    if any(k in full for k in ORDER_SIGNS):  # the whole log: the tail may cut the sign off
                         reason = ("collective order: ranks issued collectives in different orders (a collective "
                                   f"issued from a future callback or another thread?); {reason}")  # fmt: skip
                     break
