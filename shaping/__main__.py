@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _shape(args: argparse.Namespace) -> LinkShape:
+    if str(args.bw).strip().lower() in ("none", "unshaped"):
+        raise InputError(f"--bw {args.bw}: apply needs a rate; to remove the shaping run `python -m shaping clear`")
     return shape_from_flags(args.bw, args.burst, args.qdisc, args.delay, args.jitter, args.loss)
 
 

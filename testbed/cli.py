@@ -235,7 +235,10 @@ def _selected_hosts(cluster, spec: str | None):
 
 
 def cmd_shape(args: argparse.Namespace) -> int:
+    bw_none = args.bw is not None and str(args.bw).strip().lower() in ("none", "unshaped")
     shape = shape_from_args(args)
+    if bw_none and not args.clear:
+        raise InputError("shape --bw none: to remove the shaping use --clear")
     if shape is None and not args.clear:
         raise InputError("shape needs --bw RATE or --clear")
     if shape is not None and args.clear:
