@@ -1,6 +1,7 @@
 """Host-side shaping CLI: what the Ansible role and the lab backend run on each host (one code path with local mode).
 
     python -m shaping apply --dev IFACE --bw RATE [--burst SIZE] [--qdisc htb|tbf] [--ingress] [--netns NS]
+                            [--peers CIDR,...]
                             [--delay T] [--jitter T] [--loss PCT] [--force] [--force-mgmt-iface]
                             [--confirm-within SECONDS] [--dry-run] [--json]
     python -m shaping confirm  --dev IFACE [--netns NS] [--json]    keep the pending change (ends its timer)
@@ -25,7 +26,7 @@ import subprocess
 import sys
 from typing import Any
 
-from shaping import commit_confirm, ingress, lockout, tc
+from shaping import classify, commit_confirm, ingress, lockout, tc
 from shaping.errors import InputError, ShapingError, TestbedError
 from shaping.plan import LinkShape, render_tc, shape_from_flags
 from shaping.units import format_rate
@@ -54,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--burst", help="bucket size, e.g. 1.25mb (default: 1 ms of data, at least 64 KB)")
     a.add_argument("--qdisc", default="htb", choices=("htb", "tbf"))
     a.add_argument("--ingress", action="store_true", help="also shape what arrives (ifb redirect)")
+    a.add_argument(
+        "--peers",
+        help="shape only traffic to (egress) and from (ingress) these addresses/CIDRs, e.g. 10.1.0.2,10.1.0.3; "
+        "everything else passes unshaped (default: shape every packet)",
+    )
     a.add_argument("--delay", help="added delay, e.g. 5ms (needs netem)")
     a.add_argument("--jitter", help="delay variation, e.g. 1ms (needs netem)")
     a.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs netem)")
@@ -90,7 +96,7 @@ def _shape(args: argparse.Namespace) -> LinkShape:
 
 
 # ------------------------------------------------------------------------------------------------------- commands
-def _render_ingress(dev: str, shape: LinkShape, netns: str | None) -> list[str]:
+def _render_ingress(dev: str, shape: LinkShape, netns: str | None, peers: classify.Peers = ()) -> list[str]:
     ip = f"ip -n {netns}" if netns else "ip"
     t = f"tc -n {netns}" if netns else "tc"
     ifb = ingress.ifb_name(dev)
@@ -98,27 +104,38 @@ def _render_ingress(dev: str, shape: LinkShape, netns: str | None) -> list[str]:
         f"{ip} link add {ifb} type ifb",
         f"{ip} link set {ifb} alias {ingress.IFB_ALIAS_PREFIX}{dev} up",
         f"{t} qdisc add dev {dev} handle ffff: ingress",
-        f"{t} filter add dev {dev} parent ffff: protocol all prio {ingress.FILTER_PRIO} u32 match u32 0 0 "
-        f"action mirred egress redirect dev {ifb}",
+        *classify.render_ingress_filters(t, dev, ifb, peers),
         *render_tc(ifb, shape, netns),
     ]
 
 
 def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
     shape = _shape(args)
+    peers = classify.parse_peers(args.peers)
+    classify.check(shape.qdisc, peers)
     dev = args.dev
     if args.confirm_within is not None:
         commit_confirm.check_within(args.confirm_within)
     if args.dry_run:
-        lines = render_tc(dev, shape, args.netns) + (_render_ingress(dev, shape, args.netns) if args.ingress else [])
-        return {"dev": dev, "dry_run": True, "commands": lines, "plan": shape.to_dict()}
+        lines = render_tc(dev, shape, args.netns, peers)
+        lines += _render_ingress(dev, shape, args.netns, peers) if args.ingress else []
+        return {"dev": dev, "dry_run": True, "commands": lines, "plan": shape.to_dict(), "peers": list(peers),
+                "classifier": classify.describe(peers)}  # fmt: skip
     lockout.check_lockout(dev, netns=args.netns, force_mgmt_iface=args.force_mgmt_iface, mgmt_addresses=args.mgmt_addr)
     previous = commit_confirm.snapshot(dev, netns=args.netns)  # also: InputError if dev is missing
     want_ingress = bool(args.ingress)
-    same = shape.matches(previous["egress"]) and (
-        (previous["ingress"]["active"] and shape.matches(previous["ingress"]["shaping"]))
-        if want_ingress
-        else not previous["ingress"]["active"]
+    same = (
+        shape.matches(previous["egress"])
+        and tuple(previous["egress"].get("peers") or ()) == peers
+        and (
+            (
+                previous["ingress"]["active"]
+                and shape.matches(previous["ingress"]["shaping"])
+                and tuple(previous["ingress"].get("peers") or ()) == peers
+            )
+            if want_ingress
+            else not previous["ingress"]["active"]
+        )
     )
     result: dict[str, Any] = {
         "dev": dev,
@@ -126,14 +143,16 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
         "changed": not same,
         "egress": shape.to_dict(),
         "ingress": shape.to_dict() if want_ingress else None,
+        "peers": list(peers),
+        "classifier": classify.describe(peers),
         "confirm": None,
     }
     if same:
         return result
     try:
-        result["egress"] = tc.apply(dev, shape, netns=args.netns, force=args.force)
+        result["egress"] = tc.apply(dev, shape, netns=args.netns, force=args.force, peers=peers)
         if want_ingress:
-            result["ingress"] = ingress.apply(dev, shape, netns=args.netns, force=args.force)
+            result["ingress"] = ingress.apply(dev, shape, netns=args.netns, force=args.force, peers=peers)
         else:
             ingress.clear(dev, netns=args.netns)
     except TestbedError as e:
@@ -242,11 +261,11 @@ def cmd_kernel_check(args: argparse.Namespace) -> dict[str, Any]:
 
 def _text(cmd: str, res: dict[str, Any]) -> str:
     if cmd == "apply" and res.get("dry_run"):
-        return "\n".join(res["commands"])
+        return "\n".join([f"# shaped: {res['classifier']}", *res["commands"]])
     if cmd == "apply":
         what = "egress+ingress" if res["ingress"] else "egress"
         line = f"{res['dev']}: {'shaped' if res['changed'] else 'already shaped'} {what} at "
-        line += f"{format_rate(res['egress']['rate_bps'])} ({res['egress']['qdisc']})"
+        line += f"{format_rate(res['egress']['rate_bps'])} ({res['egress']['qdisc']}), {res['classifier']}"
         if res.get("confirm"):
             line += f"; confirm within {res['confirm']['within_s']:g}s: python -m shaping confirm --dev {res['dev']}"
         return line
@@ -254,6 +273,8 @@ def _text(cmd: str, res: dict[str, Any]) -> str:
         e, i = res["egress"], res["ingress"]
         rate = format_rate(e["rate_bps"]) if e["rate_bps"] else "-"
         line = f"{res['dev']}: egress {e['qdisc'] or 'none'} {rate} ({e['ownership']})"
+        if e["owned"]:
+            line += f", {classify.describe(tuple(e.get('peers') or ()))}"
         if i["active"] and i["shaping"]:
             line += f"; ingress via {i['ifb']} {format_rate(i['shaping']['rate_bps'] or 0)}"
         if res["pending"]:
