@@ -261,7 +261,8 @@ def cmd_kernel_check(args: argparse.Namespace) -> dict[str, Any]:
 
 def _text(cmd: str, res: dict[str, Any]) -> str:
     if cmd == "apply" and res.get("dry_run"):
-        return "\n".join([f"# shaped: {res['classifier']}", *res["commands"]])
+        head = [f"# shaped: {res['classifier']}"] if res["peers"] else []  # without peers: the plain tc lines
+        return "\n".join([*head, *res["commands"]])
     if cmd == "apply":
         what = "egress+ingress" if res["ingress"] else "egress"
         line = f"{res['dev']}: {'shaped' if res['changed'] else 'already shaped'} {what} at "

@@ -128,7 +128,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 def _print_hosts(status: dict) -> None:
     table = Table(title=f"cluster {status['name']} ({status['backend']})")
     with_gpus = any(h.get("gpus") for h in status["hosts"])
-    for col in ("host", "address", "iface", "namespace", "upload", "download", "tx bytes", "drops"):
+    for col in ("host", "address", "iface", "namespace", "upload", "download", "shaped traffic", "tx bytes", "drops"):
         table.add_column(col)
     if with_gpus:
         table.add_column("gpus")
@@ -143,11 +143,21 @@ def _print_hosts(status: dict) -> None:
             str(h.get("netns") or "-"),
             _link_text(up),
             _link_text(down),
+            _classifier_text(h, up),
             str(up.get("sent_bytes", "-")),
             f"{up.get('drops', 0)}/{down.get('drops', 0)}",
             *gpu_cell,
         )
     console.print(table)
+
+
+def _classifier_text(host: dict, link: dict) -> str:
+    """What the host's shaping applies to: every packet, or the traffic to/from its peers (shaping.classify)."""
+    from shaping.classify import describe
+
+    if not link or not link.get("owned"):
+        return "-"
+    return describe(tuple(host.get("peers") or link.get("peers") or ()))
 
 
 def _link_text(link: dict) -> str:
@@ -246,9 +256,19 @@ def cmd_shape(args: argparse.Namespace) -> int:
     cluster = backends.open_cluster(args.name)
     hosts = _selected_hosts(cluster, args.hosts)
     if args.dry_run:
-        for _, direction, ns, ifname in cluster.links(hosts):
-            lines = render_clear(ifname, ns) if args.clear else render_tc(ifname, shape, ns)
-            sys.stdout.write(f"# {direction} {ns}/{ifname}\n" + "\n".join(lines) + "\n")
+        from shaping import classify
+
+        for host, direction, ns, ifname in cluster.links(hosts):
+            peers = () if args.clear else cluster.shaping_peers(host)
+            if args.clear:
+                lines = render_clear(ifname, ns)
+            elif direction == "upload":
+                lines = render_tc(ifname, shape, ns, peers)
+            else:  # a lab host's download is its ifb: the classifier sits on the NIC's ingress redirect
+                redirect = classify.render_ingress_filters("tc", host.data_iface, ifname, peers) if peers else []
+                lines = redirect + render_tc(ifname, shape, ns)
+            head = f"# {direction} {ns}/{ifname}" + ("" if args.clear else f" (shaped: {classify.describe(peers)})")
+            sys.stdout.write(head + "\n" + "\n".join(lines) + "\n")
         return 0
     if args.clear:
         cluster.clear_shaping(hosts)

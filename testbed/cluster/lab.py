@@ -13,6 +13,8 @@ Inventory (YAML, Ansible layout; see ansible/inventory.example.yml). Per host, a
   testbed_python                  Python on the host with the project importable (default /opt/testbed/venv/bin/python)
   testbed_project_dir             the project's source on the host (default /opt/testbed/src)
   testbed_run_dir                 where rank logs and pid files go on the host (default /tmp/testbed-lab)
+  testbed_shaping_peers           CIDRs whose traffic is shaped (default: the other hosts' data addresses; `all`:
+                                  every packet on the data NIC); the rest of the NIC's traffic passes unshaped
 Values are used literally (never through a shell: every remote command is an argv quoted word by word); Jinja
 templates are not evaluated here and are refused in the values this backend reads.
 """
@@ -62,6 +64,7 @@ class LabHostSpec:
     python: str
     project_dir: str
     run_dir: str
+    shaping_peers: tuple[str, ...] | None = None  # testbed_shaping_peers; None: the other hosts' data addresses
 
 
 def _literal(host: str, key: str, value: Any) -> str:
@@ -153,9 +156,24 @@ def load_inventory(path: str | Path) -> list[LabHostSpec]:
                 python=_literal(name, "testbed_python", v.get("testbed_python", DEFAULT_PYTHON)),
                 project_dir=_literal(name, "testbed_project_dir", v.get("testbed_project_dir", DEFAULT_PROJECT_DIR)),
                 run_dir=_literal(name, "testbed_run_dir", v.get("testbed_run_dir", DEFAULT_RUN_DIR)),
+                shaping_peers=inventory_peers(name, v.get("testbed_shaping_peers")),
             )
         )
     return specs
+
+
+def inventory_peers(host: str, value: Any) -> tuple[str, ...] | None:
+    """`testbed_shaping_peers` of a host: None when unset (default peers), () for `all` (shape every packet), else
+    normalised CIDRs (a list or a comma-separated string)."""
+    from shaping.classify import parse_peers
+
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return ()
+    if not isinstance(value, str | list):
+        raise InputError(f"inventory host {host}: testbed_shaping_peers must be a list of CIDRs, a string or all")
+    return parse_peers(value, f"inventory host {host}: testbed_shaping_peers")
 
 
 def evaluate_facts(
@@ -653,6 +671,22 @@ class LabCluster(Cluster):
         return res
 
     # ------------------------------------------------------------------------------------------------ shaping
+    def shaping_peers(self, host: Host | str) -> tuple[str, ...]:
+        """What this host's shaping classifies as the cluster's data traffic: `testbed_shaping_peers` when the
+        inventory sets it, else the other hosts' data addresses (storage, the scheduler, other tenants on the same
+        NIC pass unshaped)."""
+        from shaping.classify import parse_peers
+
+        spec = self._spec(host)
+        if spec.shaping_peers is not None:
+            return spec.shaping_peers
+        others = [h.address for h in self.hosts() if h.name != spec.name]
+        return parse_peers(others) if others else ()
+
+    def _peer_flags(self, name: str) -> list[str]:
+        peers = self.shaping_peers(name)
+        return ["--peers", ",".join(peers)] if peers else []
+
     def _shaping_argv(self, spec: LabHostSpec, *args: str) -> list[str]:
         return [spec.python, "-m", "shaping", *args]
 
@@ -682,7 +716,8 @@ class LabCluster(Cluster):
         try:
             for n in names:
                 spec = self.specs[n]
-                res = self.run(n, self._shaping_argv(spec, "apply", "--dev", spec.data_iface, *args), timeout_s=120)
+                argv = self._shaping_argv(spec, "apply", "--dev", spec.data_iface, *args, *self._peer_flags(n))
+                res = self.run(n, argv, timeout_s=120)
                 if res.returncode != 0:
                     msg = f"host {n}: {(res.stderr.strip().splitlines() or ['shaping failed'])[-1].removeprefix('error: ')}"
                     raise (InputError if res.returncode == 2 else ShapingError)(msg)
@@ -754,6 +789,7 @@ class LabCluster(Cluster):
                 ing = (sh.get("ingress") or {}).get("shaping") or {}
                 row.update(
                     reachable=True,
+                    peers=(sh.get("egress") or {}).get("peers") or [],
                     gpus=f.get("gpus", 0),
                     nic_speed_mbps=f.get("nic_speed_mbps"),
                     python=".".join(map(str, f.get("python", []))),
