@@ -1,7 +1,7 @@
 """Host-side shaping CLI: what the Ansible role and the lab backend run on each host (one code path with local mode).
 
     python -m shaping apply --dev IFACE --bw RATE [--burst SIZE] [--qdisc htb|tbf] [--ingress] [--netns NS]
-                            [--peers CIDR,...]
+                            [--peers CIDR,...] [--offload auto|on|off]
                             [--delay T] [--jitter T] [--loss PCT] [--force] [--force-mgmt-iface]
                             [--confirm-within SECONDS] [--dry-run] [--json]
     python -m shaping confirm  --dev IFACE [--netns NS] [--json]    keep the pending change (ends its timer)
@@ -26,7 +26,7 @@ import subprocess
 import sys
 from typing import Any
 
-from shaping import classify, commit_confirm, ingress, lockout, tc
+from shaping import classify, commit_confirm, highrate, ingress, lockout, tc
 from shaping.errors import InputError, ShapingError, TestbedError
 from shaping.plan import LinkShape, render_tc, shape_from_flags
 from shaping.units import format_rate
@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--mgmt-addr", action="append", default=[], help="also protect the interface that routes to this address"
     )
+    a.add_argument(
+        "--offload",
+        default="off",
+        help="HTB hardware offload: on (refused where the NIC lacks hw-tc-offload), auto (where it has it) or off "
+        "(default; software htb)",
+    )
     a.add_argument("--confirm-within", type=float, help="undo unless `confirm` runs within this many seconds")
     a.add_argument("--dry-run", action="store_true", help="print the equivalent tc commands, change nothing")
 
@@ -100,13 +106,32 @@ def _render_ingress(dev: str, shape: LinkShape, netns: str | None, peers: classi
     ip = f"ip -n {netns}" if netns else "ip"
     t = f"tc -n {netns}" if netns else "tc"
     ifb = ingress.ifb_name(dev)
+    queues = _nic_queues(dev, netns)
+    leaf = highrate.leaf_limit_bytes(shape.rate_bps, shape.effective_burst_bytes)
+    leaf_line = [] if shape.needs_netem or shape.qdisc != "htb" else [
+        f"{t} qdisc replace dev {ifb} parent 7e57:1 handle 7e59: bfifo limit {leaf}"
+    ]  # fmt: skip
     return [
-        f"{ip} link add {ifb} type ifb",
+        f"{ip} link add {ifb} type ifb" + (f" numtxqueues {queues} numrxqueues {queues}" if queues else ""),
         f"{ip} link set {ifb} alias {ingress.IFB_ALIAS_PREFIX}{dev} up",
         f"{t} qdisc add dev {dev} handle ffff: ingress",
         *classify.render_ingress_filters(t, dev, ifb, peers),
         *render_tc(ifb, shape, netns),
+        *leaf_line,
     ]
+
+
+def _nic_queues(dev: str, netns: str | None) -> int | None:
+    """The NIC's TX queue count for --dry-run (None when it cannot be read: no such device here, no permission)."""
+    path = f"/sys/class/net/{dev}/queues"
+    if netns:
+        return None
+    try:
+        import os
+
+        return max(1, sum(1 for q in os.listdir(path) if q.startswith("tx-")))
+    except OSError:
+        return None
 
 
 def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
@@ -116,7 +141,24 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
     dev = args.dev
     if args.confirm_within is not None:
         commit_confirm.check_within(args.confirm_within)
+    mode = highrate.check_mode(args.offload)
+    offload = mode != "off" and highrate.resolve_offload(mode, highrate.nic_offload_state(dev, args.netns), dev)
+    if offload and args.ingress:
+        raise InputError(
+            "--offload with --ingress: the offload classifier (clsact) and the ingress redirect share the NIC's "
+            "ingress hook, and an ifb cannot be offloaded; shape egress only on every host (each peer flow leaves "
+            "a shaped NIC)"
+        )
+    if offload:
+        highrate.render_offload(dev, shape, peers, args.netns)  # refuses tbf and netem before anything changes
+    warnings = highrate.warnings_for(shape, offload=offload, ingress=bool(args.ingress))
+    for line in warnings:
+        print(line, file=sys.stderr)
     if args.dry_run:
+        if offload:
+            return {"dev": dev, "dry_run": True, "commands": highrate.render_offload(dev, shape, peers, args.netns),
+                    "plan": shape.to_dict(), "peers": list(peers), "classifier": classify.describe(peers),
+                    "offload": True, "warnings": warnings}  # fmt: skip
         lines = render_tc(dev, shape, args.netns, peers)
         lines += _render_ingress(dev, shape, args.netns, peers) if args.ingress else []
         return {"dev": dev, "dry_run": True, "commands": lines, "plan": shape.to_dict(), "peers": list(peers),
@@ -145,12 +187,17 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
         "ingress": shape.to_dict() if want_ingress else None,
         "peers": list(peers),
         "classifier": classify.describe(peers),
+        "offload": offload,
+        "warnings": warnings,
         "confirm": None,
     }
-    if same:
+    if same and not offload:
         return result
     try:
-        result["egress"] = tc.apply(dev, shape, netns=args.netns, force=args.force, peers=peers)
+        if offload:
+            result["egress"] = _apply_offload(dev, shape, peers, args)
+        else:
+            result["egress"] = tc.apply(dev, shape, netns=args.netns, force=args.force, peers=peers)
         if want_ingress:
             result["ingress"] = ingress.apply(dev, shape, netns=args.netns, force=args.force, peers=peers)
         else:
@@ -168,9 +215,26 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _apply_offload(dev: str, shape: LinkShape, peers: classify.Peers, args: argparse.Namespace) -> dict[str, Any]:
+    """HTB offload through the host's own ethtool and tc (pyroute2 0.9 cannot set TCA_HTB_OFFLOAD): the rendered
+    lines, run in order; a failing line raises (the caller restores the previous shaping), then read back."""
+    import shlex
+
+    shown = tc.show(dev, netns=args.netns)
+    if shown["ownership"] == "foreign" and not args.force:
+        raise tc.ForeignQdiscError(f"{dev} has a root qdisc the testbed did not create ({shown['qdisc']}); pass --force")
+    for line in highrate.render_offload(dev, shape, peers, args.netns):
+        done = subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            tc.clear_offload_classifier(dev, netns=args.netns)
+            raise ShapingError(f"HTB offload on {dev}: `{line}` failed: {done.stderr.strip() or done.returncode}")
+    return {**tc.show(dev, netns=args.netns), "offload": True}
+
+
 def cmd_clear(args: argparse.Namespace) -> dict[str, Any]:
     cancelled = commit_confirm.cancel(args.dev, netns=args.netns, base=args.state_dir)
     egress = tc.clear(args.dev, netns=args.netns)
+    egress = tc.clear_offload_classifier(args.dev, netns=args.netns) or egress
     ing = ingress.clear(args.dev, netns=args.netns)
     out = {"dev": args.dev, "netns": args.netns, "changed": bool(egress or ing), "cancelled_pending": cancelled}
     if getattr(args, "forget", False):

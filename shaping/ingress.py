@@ -22,10 +22,18 @@ from typing import Any
 
 from pyroute2 import IPRoute, protocols
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
+from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
 
 from shaping import classify, tc
 from shaping.errors import InputError, PermissionDenied, ShapingError
-from shaping.plan import OWNED_MAJOR, LinkShape
+from shaping.highrate import leaf_limit_bytes
+from shaping.plan import CLASS_HANDLE, OWNED_MAJOR, LinkShape
+
+# bfifo takes the same options as pfifo (struct tc_fifo_qopt: one u32 limit, in bytes for bfifo); pyroute2 0.9 maps
+# only pfifo, so teach it the byte-limited twin.
+_tc_plugins.setdefault("bfifo", sched_pfifo)
+LEAF_HANDLE = 0x7E59 << 16  # 7e59:, the explicit leaf under the ifb's shaped class (instead of the 32-packet default)
 
 INGRESS_HANDLE = 0xFFFF0000  # ffff:, the only handle an ingress qdisc can have
 FILTER_PRIO = OWNED_MAJOR  # 0x7e57: marks the redirect filter as the testbed's (0x7e58 too: IPv6 peers)
@@ -203,8 +211,9 @@ def apply(
                 ipr.tc("del", index=index, handle=INGRESS_HANDLE, parent=0xFFFFFFF1)
                 st["qdisc"] = None
             ifb_index = st["ifb_index"]
-            if ifb_index is None:
-                ipr.link("add", ifname=ifb_name(ifname), kind="ifb")
+            if ifb_index is None:  # as many queues as the NIC, so the redirect does not funnel into one
+                queues = nic_tx_queues(ipr, index)
+                ipr.link("add", ifname=ifb_name(ifname), kind="ifb", num_tx_queues=queues, num_rx_queues=queues)
                 ifb_index = _require(ipr, ifb_name(ifname), netns)
                 undo.append(("link", ifb_index))
                 ipr.link("set", index=ifb_index, ifalias=IFB_ALIAS_PREFIX + ifname)
@@ -218,6 +227,10 @@ def apply(
                 undo.append(("redirect", (index, ifb_index, st["peers"] if st["our_filter"] else None)))
                 _add_redirect(ipr, index, ifb_index, tuple(peers))
             plan = tc.apply(ifb_name(ifname), shape, netns=netns, force=False)
+            leaf = None
+            if shape.qdisc == "htb" and not shape.needs_netem:  # netem, when asked for, is the leaf itself
+                leaf = leaf_limit_bytes(shape.rate_bps, shape.effective_burst_bytes)
+                ipr.tc("replace", "bfifo", ifb_index, LEAF_HANDLE, parent=CLASS_HANDLE, limit=leaf)
         except (NetlinkError, ShapingError) as e:
             _undo(ipr, undo)
             if isinstance(e, ShapingError):
@@ -231,7 +244,13 @@ def apply(
                 ) from None
             raise ShapingError(f"ingress shaping on {where}: kernel refused ({os.strerror(e.code)})") from None
     return {**plan, "ifname": ifname, "netns": netns, "direction": "ingress", "ifb": ifb_name(ifname),
-            "peers": list(peers)}  # fmt: skip
+            "peers": list(peers), "leaf_limit_bytes": leaf}  # fmt: skip
+
+
+def nic_tx_queues(ipr: IPRoute, index: int) -> int:
+    """The NIC's number of TX queues (IFLA_NUM_TX_QUEUES), at least 1."""
+    link = ipr.get_links(index)[0]
+    return max(1, int(link.get_attr("IFLA_NUM_TX_QUEUES") or 1))
 
 
 def _undo(ipr: IPRoute, undo: list[tuple[str, Any]]) -> None:

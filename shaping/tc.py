@@ -328,6 +328,29 @@ def clear(ifname: str, *, netns: str | None = None, state_dir: str | Path | None
         return changed
 
 
+def clear_offload_classifier(ifname: str, *, netns: str | None = None) -> bool:
+    """Remove the clsact qdisc that HTB offload's classifier (shaping.highrate) added, when every filter on it is
+    the testbed's (priority 0x7e57, 0x7e5b, 0x7e5d). True if it was removed."""
+    from shaping.highrate import SKBEDIT_PRIO
+
+    ours = {SKBEDIT_PRIO, SKBEDIT_PRIO + 4, SKBEDIT_PRIO + 6}
+    with _ipr(netns) as ipr:
+        index = _index(ipr, ifname, netns)
+        if not any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index)):
+            return False
+        prios = set()
+        for parent in (0xFFFFFFF2, 0xFFFFFFF3):  # clsact's ingress and egress hooks
+            with contextlib.suppress(NetlinkError):
+                prios |= {f["info"] >> 16 for f in ipr.get_filters(index=index, parent=parent)}
+        if not prios or not prios <= ours:
+            return False
+        try:
+            ipr.tc("del", index=index, handle=0xFFFF0000, parent=0xFFFFFFF1)
+        except NetlinkError as e:
+            raise _netlink_fail("clearing the offload classifier", ifname, e) from None
+        return True
+
+
 def _dump_tree(ipr: IPRoute, index: int) -> list[dict]:
     """The egress qdisc tree of an interface as plain netlink messages, parents before children."""
     messages = []

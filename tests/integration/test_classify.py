@@ -170,3 +170,18 @@ def test_bad_peers_refused_before_anything_changes(two_pairs):
     done = shaping_cli("apply", "--netns", a, "--dev", "cla0", "--bw", "1gbit", "--qdisc", "tbf", "--peers", DATA_B)
     assert done.returncode == 2 and "classless" in one_line(done.stderr)
     assert tc.show("cla0", netns=a)["ownership"] == "default"
+
+
+def test_ifb_gets_the_nics_queues_and_a_bdp_leaf(scratch_netns):
+    """The ingress ifb: as many queues as the NIC and a bfifo leaf sized to 5 ms at the rate (not 32 packets)."""
+    ns = scratch_netns()
+    subprocess.run(["ip", "-n", ns, "link", "add", "q0", "numtxqueues", "4", "numrxqueues", "4", "type", "veth",
+                    "peer", "name", "q1"], check=True)  # fmt: skip
+    done = shaping_cli("apply", "--netns", ns, "--dev", "q0", "--bw", "1gbit", "--ingress", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ingress"]["leaf_limit_bytes"] == 625_000
+    link = subprocess.run(["ip", "-n", ns, "-d", "link", "show", "ifb-q0"], capture_output=True, text=True).stdout
+    assert "numtxqueues 4 " in link
+    qd = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "ifb-q0"], capture_output=True, text=True).stdout
+    assert "qdisc bfifo 7e59: parent 7e57:1 limit 625000b" in qd
+    assert shaping_cli("clear", "--netns", ns, "--dev", "q0").returncode == 0
