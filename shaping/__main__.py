@@ -143,6 +143,10 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
         commit_confirm.check_within(args.confirm_within)
     mode = highrate.check_mode(args.offload)
     offload = mode != "off" and highrate.resolve_offload(mode, highrate.nic_offload_state(dev, args.netns), dev)
+    if offload and args.ingress and mode == "auto":  # auto: offload where it can; with an ifb redirect it cannot
+        print(f"note: --offload auto with --ingress on {dev}: software htb (an ingress redirect excludes offload)",
+              file=sys.stderr)  # fmt: skip
+        offload = False
     if offload and args.ingress:
         raise InputError(
             "--offload with --ingress: the offload classifier (clsact) and the ingress redirect share the NIC's "

@@ -13,6 +13,8 @@ Inventory (YAML, Ansible layout; see ansible/inventory.example.yml). Per host, a
   testbed_python                  Python on the host with the project importable (default /opt/testbed/venv/bin/python)
   testbed_project_dir             the project's source on the host (default /opt/testbed/src)
   testbed_run_dir                 where rank logs and pid files go on the host (default /tmp/testbed-lab)
+  testbed_shaping_offload         HTB hardware offload: off (default), auto or on (see docs/lab-guide.md, High rates)
+  testbed_shaping_ingress         also shape what arrives, via an ifb (default true; false with offload: egress only)
   testbed_shaping_peers           CIDRs whose traffic is shaped (default: the other hosts' data addresses; `all`:
                                   every packet on the data NIC); the rest of the NIC's traffic passes unshaped
 Values are used literally (never through a shell: every remote command is an argv quoted word by word); Jinja
@@ -65,6 +67,8 @@ class LabHostSpec:
     project_dir: str
     run_dir: str
     shaping_peers: tuple[str, ...] | None = None  # testbed_shaping_peers; None: the other hosts' data addresses
+    shaping_offload: str = "off"  # testbed_shaping_offload: off | auto | on
+    shaping_ingress: bool = True  # testbed_shaping_ingress
 
 
 def _literal(host: str, key: str, value: Any) -> str:
@@ -157,9 +161,28 @@ def load_inventory(path: str | Path) -> list[LabHostSpec]:
                 project_dir=_literal(name, "testbed_project_dir", v.get("testbed_project_dir", DEFAULT_PROJECT_DIR)),
                 run_dir=_literal(name, "testbed_run_dir", v.get("testbed_run_dir", DEFAULT_RUN_DIR)),
                 shaping_peers=inventory_peers(name, v.get("testbed_shaping_peers")),
+                shaping_offload=_offload_mode(name, v.get("testbed_shaping_offload", "off")),
+                shaping_ingress=_flag(name, "testbed_shaping_ingress", v.get("testbed_shaping_ingress", True)),
             )
         )
     return specs
+
+
+def _offload_mode(host: str, value: Any) -> str:
+    from shaping.highrate import OFFLOAD_MODES
+
+    mode = "off" if value is False else "on" if value is True else str(value).strip().lower()
+    if mode not in OFFLOAD_MODES:
+        raise InputError(f"inventory host {host}: testbed_shaping_offload {value!r}; expected off, auto or on")
+    return mode
+
+
+def _flag(host: str, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return str(value).strip().lower() in ("true", "yes", "on", "1")
+    raise InputError(f"inventory host {host}: {key} {value!r}; expected true or false")
 
 
 def inventory_peers(host: str, value: Any) -> tuple[str, ...] | None:
@@ -684,8 +707,11 @@ class LabCluster(Cluster):
         return parse_peers(others) if others else ()
 
     def _peer_flags(self, name: str) -> list[str]:
+        """The per-host flags of `python -m shaping apply`: the classifier and, when the inventory asks, offload."""
         peers = self.shaping_peers(name)
-        return ["--peers", ",".join(peers)] if peers else []
+        spec = self._spec(name)
+        offload = ["--offload", spec.shaping_offload] if spec.shaping_offload != "off" else []
+        return (["--peers", ",".join(peers)] if peers else []) + offload
 
     def _shaping_argv(self, spec: LabHostSpec, *args: str) -> list[str]:
         return [spec.python, "-m", "shaping", *args]
@@ -716,7 +742,8 @@ class LabCluster(Cluster):
         try:
             for n in names:
                 spec = self.specs[n]
-                argv = self._shaping_argv(spec, "apply", "--dev", spec.data_iface, *args, *self._peer_flags(n))
+                host_args = args if spec.shaping_ingress else [a for a in args if a != "--ingress"]
+                argv = self._shaping_argv(spec, "apply", "--dev", spec.data_iface, *host_args, *self._peer_flags(n))
                 res = self.run(n, argv, timeout_s=120)
                 if res.returncode != 0:
                     msg = f"host {n}: {(res.stderr.strip().splitlines() or ['shaping failed'])[-1].removeprefix('error: ')}"

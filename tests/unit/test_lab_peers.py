@@ -57,3 +57,11 @@ def test_inventory_sets_the_peers(tmp_path, extra, want):
 def test_bad_peers_in_the_inventory(tmp_path, extra, why):
     with pytest.raises(InputError, match=why):
         _cluster(tmp_path, extra)
+
+
+def test_inventory_offload_and_ingress(tmp_path):
+    c = _cluster(tmp_path, ", testbed_shaping_offload: auto, testbed_shaping_ingress: false")
+    assert c._peer_flags("gpu03") == ["--peers", "198.51.100.11/32,198.51.100.12/32", "--offload", "auto"]
+    assert c.specs["gpu03"].shaping_ingress is False and c.specs["gpu01"].shaping_ingress is True
+    with pytest.raises(InputError, match="testbed_shaping_offload 'maybe'"):
+        _cluster(tmp_path, ", testbed_shaping_offload: maybe")
