@@ -285,7 +285,7 @@ def cmd_shape(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from testbed.probe import check_probe_args, probe_pair, ring_pairs
+    from testbed.probe import all_pairs, check_probe_args, probe_pair, ring_pairs
 
     streams = int_list(args.streams, "--streams")
     for s in streams:
@@ -296,9 +296,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
         )
     if args.max_pairs < 1:
         raise InputError(f"--max-pairs {args.max_pairs}: expected an integer >= 1")
+    if args.pairs and args.all_pairs:
+        raise InputError("--pairs and --all-pairs exclude each other")
     cluster = backends.open_cluster(args.name)
     hosts = cluster.hosts()
-    if args.pairs:
+    if args.all_pairs:
+        pairs = all_pairs(hosts)
+    elif args.pairs:
         pairs = []
         for spec in args.pairs.split(","):
             src, _, dst = spec.partition(":")
@@ -330,6 +334,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
             "achieved",
             "achieved/ideal",
             "retransmits",
+            "iperf3 procs",
             "",
         ):
             table.add_column(col, justify="right")
@@ -343,6 +348,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 format_rate(r.achieved_bps),
                 f"{r.ratio:.3f}" if r.ratio else "-",
                 str(r.retransmits),
+                f"{r.processes} ({r.iperf3_version or '?'})",
                 "ok" if r.within(args.tolerance) else "[red]OUT OF TOLERANCE[/]",
             )
         console.print(table)
@@ -405,6 +411,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--duration", type=float, default=2.0, help="seconds per iperf3 run (default 2)")
     p.add_argument("--pairs", help="SRC:DST pairs, e.g. h0:h1,h2:h3 (default: a ring over all hosts)")
     p.add_argument("--max-pairs", type=int, default=4, help="at most this many ring pairs (default 4)")
+    p.add_argument(
+        "--all-pairs",
+        action="store_true",
+        help="every ordered pair of hosts, one at a time (n x (n-1) runs; ignores --max-pairs)",
+    )
     p.add_argument("--tolerance", type=float, default=0.93, help="flag achieved/ideal below this (default 0.93)")
     p.set_defaults(func=cmd_probe)
 

@@ -108,6 +108,10 @@ NO_CLUSTER = [
     (["probe", "--tolerance", "nan"], "--tolerance nan"),
     (["probe", "--max-pairs", "0"], "--max-pairs 0"),
     (["probe", "--duration", "inf"], "--duration inf"),
+    (["probe", "--pairs", "h0:h1", "--all-pairs"], "exclude each other"),
+    (["probe", "--duration", "0.5"], "iperf3 reads -t as an integer"),
+    (["run", "--bw", "100mbit", "--probe-streams", "0"], "--probe-streams 0"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2", "--probe-duration", "0"], "--probe-duration 0"),
     (["exec", "--timeout", "0", "h0", "--", "true"], "--timeout 0"),
     # the performance model
     (["predict", "--model", "resnet18", "--points", "1000000"], "--points 1000000"),

@@ -71,3 +71,11 @@ def test_cli_offload_dry_run_and_refusals(capsys):
     assert shaping_main(["apply", "--dev", "lo", "--bw", "40gbit", "--offload", "auto", "--dry-run"]) == 0
     out = capsys.readouterr()
     assert "htb offload" not in out.out and "above 6.7gbit" in out.err  # lo cannot: software htb, with a warning
+
+
+def test_probe_processes_per_stream_before_iperf3_3_16():
+    from testbed.probe import processes_for
+
+    assert processes_for((3, 9), 8) == 8  # Ubuntu 22.04: every -P stream on one thread, so one process each
+    assert processes_for(None, 4) == 4  # unknown version: the safe way
+    assert processes_for((3, 16), 8) == 1 and processes_for((3, 9), 1) == 1
