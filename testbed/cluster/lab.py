@@ -15,6 +15,9 @@ Inventory (YAML, Ansible layout; see ansible/inventory.example.yml). Per host, a
   testbed_run_dir                 where rank logs and pid files go on the host (default /tmp/testbed-lab)
   testbed_shaping_offload         HTB hardware offload: off (default), auto or on (see docs/lab-guide.md, High rates)
   testbed_shaping_ingress         also shape what arrives, via an ifb (default true; false with offload: egress only)
+  ansible_become                  true: shaping commands run as `sudo -n testbed_shaping_helper ...` (no root SSH);
+                                  the provision playbook installs the helper and a sudoers rule for it
+  testbed_shaping_helper          the root-owned shaping wrapper sudo may run (default /usr/local/sbin/testbed-shaping)
   testbed_shaping_peers           CIDRs whose traffic is shaped (default: the other hosts' data addresses; `all`:
                                   every packet on the data NIC); the rest of the NIC's traffic passes unshaped
 Values are used literally (never through a shell: every remote command is an argv quoted word by word); Jinja
@@ -49,6 +52,7 @@ DEFAULT_PYTHON = "/opt/testbed/venv/bin/python"
 DEFAULT_PROJECT_DIR = "/opt/testbed/src"
 DEFAULT_RUN_DIR = "/tmp/testbed-lab"
 DEFAULT_CONFIRM_WITHIN_S = 60.0
+DEFAULT_SHAPING_HELPER = "/usr/local/sbin/testbed-shaping"  # installed by the testbed_host role (sudoers rule)
 TOKEN_ENV = "TESTBED_LAB_TOKEN"
 
 # Runs on each host with the host's Python (its source is sent: the host may not have this checkout's version).
@@ -69,6 +73,8 @@ class LabHostSpec:
     shaping_peers: tuple[str, ...] | None = None  # testbed_shaping_peers; None: the other hosts' data addresses
     shaping_offload: str = "off"  # testbed_shaping_offload: off | auto | on
     shaping_ingress: bool = True  # testbed_shaping_ingress
+    become: bool = False  # ansible_become: shaping through `sudo -n` and the helper, not as the login user
+    shaping_helper: str = DEFAULT_SHAPING_HELPER  # testbed_shaping_helper
 
 
 def _literal(host: str, key: str, value: Any) -> str:
@@ -163,6 +169,10 @@ def load_inventory(path: str | Path) -> list[LabHostSpec]:
                 shaping_peers=inventory_peers(name, v.get("testbed_shaping_peers")),
                 shaping_offload=_offload_mode(name, v.get("testbed_shaping_offload", "off")),
                 shaping_ingress=_flag(name, "testbed_shaping_ingress", v.get("testbed_shaping_ingress", True)),
+                become=_flag(name, "ansible_become", v.get("ansible_become", False)),
+                shaping_helper=_literal(
+                    name, "testbed_shaping_helper", v.get("testbed_shaping_helper", DEFAULT_SHAPING_HELPER)
+                ),
             )
         )
     return specs
@@ -714,6 +724,10 @@ class LabCluster(Cluster):
         return (["--peers", ",".join(peers)] if peers else []) + offload
 
     def _shaping_argv(self, spec: LabHostSpec, *args: str) -> list[str]:
+        """`python -m shaping ARGS` as the login user (root), or with `ansible_become` the root-owned helper through
+        `sudo -n` (never a password prompt: a missing sudoers rule fails at once, naming sudo)."""
+        if spec.become:
+            return ["sudo", "-n", spec.shaping_helper, *args]
         return [spec.python, "-m", "shaping", *args]
 
     def _names(self, hosts: list[Host] | list[str] | None) -> list[str]:
