@@ -185,3 +185,17 @@ def test_ifb_gets_the_nics_queues_and_a_bdp_leaf(scratch_netns):
     qd = subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", "ifb-q0"], capture_output=True, text=True).stdout
     assert "qdisc bfifo 7e59: parent 7e57:1 limit 625000b" in qd
     assert shaping_cli("clear", "--netns", ns, "--dev", "q0").returncode == 0
+
+
+def test_local_cluster_shapes_every_byte_and_says_so(testbed_cli, make_cluster):
+    """The emulated cluster keeps shaping every byte (no peers: no classifier), and status/--dry-run say so."""
+    name = make_cluster(2, "--bw", "100mbit")
+    st = testbed_cli("status", "--name", name, "--json")
+    assert st.returncode == 0, st.stderr
+    for h in json.loads(st.stdout)["hosts"]:
+        assert h["links"]["upload"]["peers"] == [] and h["links"]["download"]["peers"] == []
+    text = testbed_cli("status", "--name", name)
+    assert text.returncode == 0 and "shaped traffic" in text.stdout and "all traffic" in text.stdout, text.stdout
+    dry = testbed_cli("shape", "--name", name, "--bw", "200mbit", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.count("(shaped: all traffic)") == 4 and " filter " not in dry.stdout
