@@ -267,7 +267,7 @@ def cmd_shape(args: argparse.Namespace) -> int:
             else:  # a lab host's download is its ifb: the classifier sits on the NIC's ingress redirect
                 redirect = classify.render_ingress_filters("tc", host.data_iface, ifname, peers) if peers else []
                 lines = redirect + render_tc(ifname, shape, ns)
-            head = f"# {direction} {ns}/{ifname}" + ("" if args.clear else f" (shaped: {classify.describe(peers)})")
+            head = f"# {direction} {ns}/{ifname}" + (f" (shaped: {classify.describe(peers)})" if peers else "")
             sys.stdout.write(head + "\n" + "\n".join(lines) + "\n")
         return 0
     if args.clear:
