@@ -20,6 +20,7 @@ unless --force-mgmt-iface. Errors print one line; bad input exits 2 before anyth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import subprocess
@@ -263,6 +264,8 @@ def _kernel_probe() -> dict[str, bool]:
     """Runs inside a fresh, private network namespace: try each piece on a veth pair."""
     from pyroute2 import IPRoute, protocols
 
+    from shaping import ingress as _ingress  # noqa: F401 - registers the bfifo kind with pyroute2
+
     results: dict[str, bool] = {}
     with IPRoute() as ipr:
         ipr.link("add", ifname="kc0", kind="veth", peer="kc1")
@@ -280,6 +283,19 @@ def _kernel_probe() -> dict[str, bool]:
             results["netem"] = True
         except Exception:  # noqa: BLE001
             results["netem"] = False
+        for leaf, kw in (("bfifo", {"limit": 100_000}), ("fq_codel", {})):  # the ifb leaf; fq_codel: the other choice
+            with contextlib.suppress(Exception):  # what the netem check left
+                ipr.tc("del", index=idx, handle=0x7E570000, parent=0xFFFFFFFF)
+            try:
+                ipr.tc("add", "htb", idx, 0x7E570000, default=1)
+                ipr.tc("add-class", "htb", idx, 0x7E570001, parent=0x7E570000, rate=1e6, ceil=1e6, burst=65536,
+                       cburst=65536, quantum=1514)  # fmt: skip
+                ipr.tc("add", leaf, idx, 0x7E590000, parent=0x7E570001, **kw)
+                results[leaf] = any(q.get_attr("TCA_KIND") == leaf for q in ipr.get_qdiscs(index=idx))
+            except Exception:  # noqa: BLE001
+                results[leaf] = False
+            with contextlib.suppress(Exception):
+                ipr.tc("del", index=idx, handle=0x7E570000, parent=0xFFFFFFFF)
         try:
             ipr.link("add", ifname="kcifb", kind="ifb")
             results["ifb"] = True

@@ -199,3 +199,15 @@ def test_local_cluster_shapes_every_byte_and_says_so(testbed_cli, make_cluster):
     dry = testbed_cli("shape", "--name", name, "--bw", "200mbit", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.count("# upload") == 2 and " filter " not in dry.stdout and "default 1" in dry.stdout
+
+
+def test_kernel_check_reports_the_leaf_qdiscs(scratch_netns):
+    """kernel-check says whether bfifo (the ifb's leaf) and fq_codel exist, as the tc binary finds them."""
+    done = shaping_cli("kernel-check", "--json")
+    assert done.returncode == 0, done.stderr
+    features = json.loads(done.stdout)["features"]
+    assert features["bfifo"] is True
+    ns = scratch_netns()
+    subprocess.run(["ip", "-n", ns, "link", "add", "k0", "type", "veth", "peer", "name", "k1"], check=True)
+    tc_says = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "k0", "root", "fq_codel"], capture_output=True)
+    assert features["fq_codel"] is (tc_says.returncode == 0)
