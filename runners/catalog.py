@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from typing import Any
 
 
@@ -165,9 +166,32 @@ def names() -> list[str]:
     return list(COMPRESSORS)
 
 
+# ---------------------------------------------------------------------------------------------- plugins
+# A compressor outside the package: "MODULE:FACTORY" (e.g. "randk:make"); FACTORY(process_group=None, **options)
+# returns (state, hook) like runners.compressors.get. Entry points of this group name plugins by a short name.
+PLUGIN_GROUP = "gc_testbed.compressors"
+_DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def is_plugin_spec(name: str) -> bool:
+    """Whether `name` names a plugin (MODULE:FACTORY) rather than a built-in compressor."""
+    return isinstance(name, str) and ":" in name
+
+
+def parse_plugin_spec(spec: str) -> tuple[str, str]:
+    """ "pkg.mod:factory" -> ("pkg.mod", "factory"); one-line ValueError when it is not MODULE:FACTORY."""
+    module, sep, factory = spec.partition(":")
+    if not sep or not _DOTTED.match(module) or not _DOTTED.match(factory):
+        raise ValueError(
+            f"compressor {spec!r} is not MODULE:FACTORY (a dotted module path, a colon, a factory name, e.g. "
+            "examples.randk:make)"
+        )
+    return module, factory
+
+
 def compressor(name: str) -> Compressor:
     if name not in COMPRESSORS:
-        raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(COMPRESSORS)}")
+        raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(COMPRESSORS)}, or a plugin as MODULE:FACTORY")
     return COMPRESSORS[name]
 
 

@@ -257,3 +257,58 @@ class RankEnv:
             raise ContractError(f"LOCAL_RANK={values['LOCAL_RANK']}: expected >= 0")
         return cls(rank, world, values["LOCAL_RANK"], local_world, group_rank, environ["MASTER_ADDR"],
                    values["MASTER_PORT"])  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ collective benchmark
+COLLBENCH_SCHEMA = "testbed.collbench/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class CollBenchArgs:
+    """The command line of ``python -m runners.collbench`` (one rank of `testbed calibrate`), built by the
+    controller (testbed/calibrate.py) and parsed by the rank, like ``RankArgs``.
+
+    ``sizes_bytes`` are message sizes in nccl-tests' convention: the all-reduce buffer, and the all-gather's *output*
+    (each rank contributes size / world size). Rank 0 writes ``out`` (JSON, schema ``COLLBENCH_SCHEMA``)."""
+
+    out: str
+    sizes_bytes: tuple[int, ...] = (65536, 1048576)
+    reps: int = 5
+    warmup: int = 1
+    backend: str = "gloo"
+    iface: str | None = None
+    timeout_s: float = 120.0
+    threads: int = 0
+
+    def to_argv(self) -> list[str]:
+        argv = ["--out", self.out, "--sizes-bytes", ",".join(str(s) for s in self.sizes_bytes), "--reps",
+                str(self.reps), "--warmup", str(self.warmup), "--backend", self.backend, "--timeout-s",
+                f"{self.timeout_s:g}", "--threads", str(self.threads)]  # fmt: skip
+        if self.iface:
+            argv += ["--iface", self.iface]
+        return argv
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> CollBenchArgs:
+        p = _Parser(prog="collbench", description="One rank of the all-reduce / all-gather microbenchmark.")
+        p.add_argument("--out", required=True, help="JSON file rank 0 writes")
+        p.add_argument("--sizes-bytes", required=True, help="comma-separated message sizes in bytes")
+        p.add_argument("--reps", type=int, default=5, help="timed repetitions per size and collective")
+        p.add_argument("--warmup", type=int, default=1, help="untimed repetitions per size and collective")
+        p.add_argument("--backend", choices=BACKENDS, default="gloo")
+        p.add_argument("--iface", help="data interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)")
+        p.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
+        p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+        ns = p.parse_args(argv)
+        try:
+            sizes = tuple(int(s) for s in ns.sizes_bytes.split(",") if s.strip())
+        except ValueError:
+            raise ContractError(f"--sizes-bytes {ns.sizes_bytes!r}: expected comma-separated integers") from None
+        args = cls(ns.out, sizes, ns.reps, ns.warmup, ns.backend, ns.iface, ns.timeout_s, ns.threads)
+        if not sizes or min(sizes) < 4:
+            raise ContractError(f"--sizes-bytes {ns.sizes_bytes!r}: expected sizes >= 4 bytes")
+        if args.reps < 1 or args.warmup < 0 or args.threads < 0:
+            raise ContractError("--reps must be >= 1, --warmup and --threads >= 0")
+        if not (args.timeout_s > 0 and math.isfinite(args.timeout_s)):
+            raise ContractError(f"--timeout-s {args.timeout_s}: expected a finite number > 0")
+        return args

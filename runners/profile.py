@@ -162,7 +162,13 @@ def profile_hook(state, hook, infos, grads, iters: int, clock: Clock) -> dict:
         per = [{"index": info.index, "payload_bytes": g.numel() * g.element_size(), "encode_s": 0.0,
                 "decode_s": 0.0} for info, g in zip(infos, grads, strict=True)]  # fmt: skip
         return {"options": state.options(), "collective": state.COLLECTIVE, "rounds": state.ROUNDS, "buckets": per}
-    state.iter = state.warmup_iters  # every step compressed (per-bucket memory starts empty, as after warm-up)
+    calls = [0]
+    if hasattr(state, "inner"):  # a plugin without the testbed's bookkeeping (runners.plugins.PluginAdapter)
+        for name in ("step", "iter"):  # every step compressed, if the plugin counts its steps by a known name
+            if isinstance(getattr(state.inner, name, None), int):
+                setattr(state.inner, name, state.warmup_iters)
+    else:
+        state.iter = state.warmup_iters  # every step compressed (per-bucket memory starts empty, as after warm-up)
     samples: dict[int, dict[str, list]] = {}
     for _ in range(1 + iters):  # the first pass fills error feedback / warm-start memory, unmeasured
         state.stats.reset()
@@ -173,7 +179,9 @@ def profile_hook(state, hook, infos, grads, iters: int, clock: Clock) -> dict:
         for f in futs:
             f.wait()
         clock.synchronize()
-        collected = state.stats.collect()["per_bucket"]
+        totals = state.stats.collect()
+        calls[0] = totals["collectives"]
+        collected = totals["per_bucket"]
         for index, row in collected.items():
             s = samples.setdefault(index, {"payload_bytes": [], "encode_s": [], "decode_s": []})
             for k in s:
@@ -187,7 +195,15 @@ def profile_hook(state, hook, infos, grads, iters: int, clock: Clock) -> dict:
             "encode_s": statistics.median(s["encode_s"][1:] or s["encode_s"]),
             "decode_s": statistics.median(s["decode_s"][1:] or s["decode_s"]),
         })  # fmt: skip
-    return {"options": state.options(), "collective": state.COLLECTIVE, "rounds": state.ROUNDS, "buckets": per}
+    collective = getattr(state, "COLLECTIVE", None)
+    rounds = getattr(state, "ROUNDS", None)
+    out = {"options": state.options(), "collective": collective or "allreduce", "buckets": per,
+           "rounds": rounds or max(1, round(calls[0] / max(1, len(infos))))}  # fmt: skip
+    if hasattr(state, "inner"):
+        from runners.plugins import assumed
+
+        out["assumed"] = assumed(state.inner)
+    return out
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from shaping.plan import LinkShape, render_clear, render_tc
 from shaping.units import format_rate, format_size
-from testbed import model_cli, run_cli
+from testbed import model_cli, plugin_cli, run_cli
 from testbed.cli_common import (
     ArgumentParser,
     add_json,
@@ -86,7 +86,8 @@ def _print_lab_hosts(status: dict, shape: LinkShape | None) -> None:
         sys.stdout.write(
             f"  {h['name']:<12} {h['address']:<16} {h['data_iface']:<12} gpus {h.get('gpus', '?')}  "
             f"nic {h.get('nic_speed_mbps') or '?'} Mbit/s  python {h.get('python', '?')}  torch {h.get('torch', '?')}  "
-            f"nccl {h.get('nccl') or '-'}\n"
+            f"cuda {h.get('cuda') or '-'}  nccl {h.get('nccl') or '-'}  driver {h.get('driver') or '-'}"
+            f"{'  ' + h['gpu_name'] if h.get('gpu_name') else ''}\n"
         )
 
 
@@ -192,18 +193,29 @@ def _half_made_line(name: str, namespaces: list[str]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     if args.all:
-        data = [backends.open_cluster(n).status() for n in registry.recorded_names()]
+        data, broken = [], {}
+        for n in registry.recorded_names():  # one broken cluster must not hide the others
+            try:
+                data.append(backends.open_cluster(n).status())
+            except TestbedError as e:
+                broken[n] = f"cluster {n!r} is recorded but cannot be read ({e}); `testbed down --name {n}` removes it"
         half = half_made_clusters()
         if args.json:
-            print_json(data + [{"name": n, "half_made": True, "namespaces": ns} for n, ns in half.items()])
+            print_json(
+                data
+                + [{"name": n, "broken": True, "error": line} for n, line in broken.items()]
+                + [{"name": n, "half_made": True, "namespaces": ns} for n, ns in half.items()]
+            )
         else:
             for status in data:
                 _print_hosts(status)
+            for line in broken.values():
+                console.print(line)
             for n, ns in half.items():
                 console.print(_half_made_line(n, ns))
-            if not data and not half:
+            if not data and not half and not broken:
                 console.print("no cluster is up")
-        return 1 if half else 0
+        return 1 if half or broken else 0
     if registry.load_record(registry.check_name(args.name)) is None:
         half = half_made_clusters(args.name)
         if half:
@@ -421,10 +433,11 @@ def build_parser() -> ArgumentParser:
 
     run_cli.add_commands(sub)  # run, sweep, results
     model_cli.add_commands(sub)  # profile, predict, report
+    plugin_cli.add_commands(sub)  # compressors, check-compressor
     return parser
 
 
-_POSITIONALS = {"path": "PATH", "results_dir": "RESULTS_DIR", "host": "HOST"}
+_POSITIONALS = {"path": "PATH", "results_dir": "RESULTS_DIR", "host": "HOST", "spec": "SPEC"}
 
 
 def refuse_empty_values(args: argparse.Namespace) -> None:

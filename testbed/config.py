@@ -37,7 +37,20 @@ def option_flag(key: str) -> str:
 
 def check_compressor(name: str, options: dict[str, Any]) -> None:
     """Unknown compressor, options that do not apply or values out of range: InputError before anything starts.
-    The same rules the compressor's state class applies inside the ranks (runners/catalog.py)."""
+    The same rules the compressor's state class applies inside the ranks (runners/catalog.py).
+    A plugin (MODULE:FACTORY) is checked here only for its form and plain option values: its factory checks the
+    values, in a subprocess of the CLI (testbed/plugins.py), since importing it may import torch."""
+    if catalog.is_plugin_spec(name):
+        try:
+            catalog.parse_plugin_spec(name)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        for key, value in options.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                raise InputError(f"--opt {key!r}: an option name is an identifier, e.g. --opt ratio=0.05")
+            if not isinstance(value, str | int | float | bool):
+                raise InputError(f"--opt {key}={value!r}: expected a number, true/false or text")
+        return
     try:
         entry = catalog.compressor(name)
     except ValueError as e:
@@ -97,6 +110,8 @@ class Trial:
     nccl_socket_nthreads: int | None = None  # NCCL_SOCKET_NTHREADS (None: NCCL's default)
     nccl_nsocks_perthread: int | None = None  # NCCL_NSOCKS_PERTHREAD (None: NCCL's default)
     nccl_env: tuple[tuple[str, str], ...] = ()  # further NCCL_* settings, sorted (key, value) pairs
+    # a plugin's directory (absolute), the only PYTHONPATH entry its ranks get; None for built-in compressors
+    plugin_path: str | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -120,6 +135,13 @@ class Trial:
                 raise InputError(f"{name} {value!r}: expected true or false")
         check_placement(self)
         check_compressor(self.compressor, dict(self.options))
+        if self.plugin_path is not None:
+            if not catalog.is_plugin_spec(self.compressor):
+                raise InputError(
+                    f"--plugin-path applies to MODULE:FACTORY compressors, not to the built-in {self.compressor!r}"
+                )
+            if not isinstance(self.plugin_path, str) or not self.plugin_path.startswith("/"):
+                raise InputError(f"--plugin-path {self.plugin_path!r}: expected an absolute directory path")
         if self.rate_bps is not None:
             _ = self.shape  # validates qdisc/rate/burst combinations
         elif self.burst_bytes is not None or self.delay_s:
@@ -138,6 +160,8 @@ class Trial:
     def config(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["options"] = self.option_dict
+        if d["plugin_path"] is None:  # trials of built-in compressors keep the ids they had before plugins
+            del d["plugin_path"]
         return d
 
     @property
@@ -147,7 +171,7 @@ class Trial:
 
     def baseline(self, compressor: str = "syncsgd") -> Trial:
         """The same trial with another compressor and no compressor options (e.g. the syncsgd baseline)."""
-        return dataclasses.replace(self, compressor=compressor, options=())
+        return dataclasses.replace(self, compressor=compressor, options=(), plugin_path=None)
 
     def label(self) -> str:
         rate = format_rate(self.rate_bps) if self.rate_bps else "unshaped"
@@ -248,6 +272,7 @@ SWEEP_KEYS = {
     "nccl_nsocks_perthread": "an integer 1-64",
     "nccl_env": 'a table of NCCL_* settings, e.g. [nccl_env] NCCL_ALGO = "Ring"',
     "options": "a table of compressor -> {option = value}, e.g. [options.powersgd] rank = 4",
+    "plugin_path": 'the directory of MODULE:FACTORY plugins, relative to the sweep file, e.g. "../examples"',
 }
 
 
@@ -285,14 +310,17 @@ def expand(
     world_sizes: list[int],
     *,
     options: dict[str, dict[str, Any]] | None = None,
+    plugin_path: str | None = None,
     **common: Any,
 ) -> list[Trial]:
-    """The grid, ordered to minimise re-shaping (all trials at one rate together) and with baselines first."""
+    """The grid, ordered to minimise re-shaping (all trials at one rate together) and with baselines first.
+    `plugin_path` goes to the plugin (MODULE:FACTORY) compressors of the grid."""
     options = options or {}
     trials = []
     for rate, ws, comp in itertools.product(rates, world_sizes, compressors):
         opts = tuple(sorted(options.get(comp, {}).items()))
-        trials.append(Trial(compressor=comp, rate_bps=rate, world_size=ws, options=opts, **common))
+        path = plugin_path if catalog.is_plugin_spec(comp) else None
+        trials.append(Trial(compressor=comp, rate_bps=rate, world_size=ws, options=opts, plugin_path=path, **common))
     order = {c: i for i, c in enumerate(sorted(compressors, key=lambda c: c != "syncsgd"))}
     trials.sort(key=lambda t: (t.rate_bps or 0, t.world_size, order[t.compressor]))
     return list(dict.fromkeys(trials))
@@ -386,6 +414,14 @@ def load_sweep_toml(path: str | Path, **overrides: Any) -> list[Trial]:
         common["nccl_env"] = parse_env_pairs([f"{k}={v}" for k, v in table.items()], f"{path}: nccl_env")
     if "delay" in sweep:
         common["delay_s"] = parse_time_s(get("delay", str), f"{path}: delay")
+    if "plugin_path" in sweep:
+        plugin_dir = (path.parent / get("plugin_path", str)).resolve()
+        if not plugin_dir.is_dir():
+            raise InputError(
+                f"{path}:{_line_of(text, 'plugin_path')}: plugin_path = {sweep['plugin_path']!r}: no such directory "
+                f"({plugin_dir}); expected {SWEEP_KEYS['plugin_path']}"
+            )
+        common["plugin_path"] = str(plugin_dir)
     common.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return expand(

@@ -94,9 +94,11 @@ def run_trial(
     user_env: tuple[tuple[str, str], ...] = (),
     probe_duration_s: float = 1.0,
     probe_streams: int = 1,
+    plugin: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run `trial` on `cluster`, append its row to `store` (also when it fails) and return the row.
-    `trial` may still say backend auto / ranks_per_host None: it is resolved against the cluster's hosts here."""
+    `trial` may still say backend auto / ranks_per_host None: it is resolved against the cluster's hosts here.
+    `plugin`: what testbed.plugins.inspect said of the trial's plugin compressor (recorded in the row)."""
     hosts = cluster.hosts()
     trial = launch_plan.resolve(trial, hosts)
     store.ensure()
@@ -108,6 +110,10 @@ def run_trial(
     rank_out = cluster.rank_out_dir(out_dir, trial.trial_id)
     plan = make_plan(cluster, trial, rank_out, timeout_s=timeout_s, user_env=user_env)
     row = base_row(cluster, trial, started, plan)
+    if plugin is not None:
+        from testbed.plugins import row_fields
+
+        row.update(row_fields(plugin, trial.plugin_path))
     shutil.rmtree(out_dir, ignore_errors=True)
     (out_dir / "logs").mkdir(parents=True)
     used = list(plan.hosts)
@@ -132,7 +138,7 @@ def run_trial(
             argv = [sys.executable, *r.argv]
             procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=out_dir / "logs" / r.log_name))
         say("training")
-        _watch(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
+        watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
         for host in used:
             cluster.fetch(host, rank_out, out_dir)
         row.update(metrics_from_summary(out_dir / "summary.json"))
@@ -159,7 +165,9 @@ def run_trial(
     return row
 
 
-def _watch(procs: list, *, deadline: float, out_dir: Path) -> None:
+def watch_ranks(procs: list, *, deadline: float, out_dir: Path) -> None:
+    """Poll rank processes until all exit 0; the first non-zero exit (its log tail), Ctrl-C or the deadline raise
+    TrialFailed. Logs are read from out_dir/logs/rank<r>.log."""
     while True:
         if STOP.is_set():
             raise TrialFailed("interrupted (Ctrl-C); a resumed sweep runs it again")

@@ -13,6 +13,7 @@ Environment: a rank never inherits the controller's environment. It gets
   - what the testbed sets: PYTHONUNBUFFERED, the thread counts on emulated hosts, GLOO_SOCKET_IFNAME or the NCCL socket
     settings (NCCL_NET=Socket, NCCL_IB_DISABLE=1, NCCL_SOCKET_IFNAME==<data iface>, socket threads), and on emulated
     hosts CUDA_VISIBLE_DEVICES and a distinct NCCL_HOSTID, so NCCL treats each as a machine of its own;
+  - PYTHONPATH = the trial's --plugin-path, and only that, when its compressor is a MODULE:FACTORY plugin;
   - the trial's --nccl-env and the run's --env, which the user named.
 Everything else (tokens, PATH, HOME, LD_LIBRARY_PATH, ...) stays on the controller.
 """
@@ -188,6 +189,8 @@ def plan(
     used = hosts[: trial.world_size // rph]
     base = forwarded_env(controller_env)
     base["PYTHONUNBUFFERED"] = "1"
+    if trial.plugin_path:  # a plugin compressor's directory: the one import path a rank gets from the controller
+        base["PYTHONPATH"] = trial.plugin_path
     if threads:  # emulated hosts share this machine's cores
         base.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     ranks = []

@@ -1,6 +1,7 @@
-"""`testbed profile`, `testbed predict` and `testbed report`: the performance model and the report on the CLI.
+"""`testbed profile`, `testbed calibrate`, `testbed predict` and `testbed report`: the performance model and the
+report on the CLI.
 
-`add_commands(subparsers)` adds the three subcommands; each handler takes the parsed args and returns the exit code.
+`add_commands(subparsers)` adds the four subcommands; each handler takes the parsed args and returns the exit code.
 Errors are `InputError`s (one line, exit 2) raised before anything is written.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from testbed import calibration as cal
 from testbed import modelling
 from testbed import perfmodel as pm
 from testbed.errors import InputError
@@ -54,12 +56,25 @@ def parse_bandwidths(text: str, points: int) -> list[float]:
 
 
 def parse_compressors(text: str | None) -> list[str] | None:
+    """Built-in names, installed plugins' names (as their MODULE:FACTORY spec) and MODULE:FACTORY specs."""
     if not text:
         return None
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in pm.COMPRESSORS]
+    from runners import catalog
+    from testbed.plugins import resolve_name
+
+    names = [resolve_name(n) for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in pm.COMPRESSORS and not catalog.is_plugin_spec(n)]
     if unknown:
-        raise InputError(f"--compressors {','.join(unknown)}: unknown; expected names from {', '.join(pm.COMPRESSORS)}")
+        raise InputError(
+            f"--compressors {','.join(unknown)}: unknown; expected names from {', '.join(pm.COMPRESSORS)}, an installed "
+            "plugin's name or MODULE:FACTORY"
+        )
+    for n in names:
+        if catalog.is_plugin_spec(n):
+            try:
+                catalog.parse_plugin_spec(n)
+            except ValueError as e:
+                raise InputError(str(e)) from None
     return names
 
 
@@ -116,12 +131,20 @@ def _latency_s(text: str) -> float:
 
 
 def _model_flags(p: argparse.ArgumentParser, auto: bool = False) -> None:
-    p.add_argument("--latency", default="50us", help="per-message latency alpha, e.g. 50us, 1ms (default: 50us)")
+    p.add_argument(
+        "--latency",
+        help="per-message latency alpha, e.g. 50us, 1ms (default: the calibration's, else 50us)",
+    )
     p.add_argument(
         "--efficiency",
-        default="1.0",
-        help="fraction of the link rate a collective achieves, (0, 1] (default: 1.0"
+        help="fraction of the link rate a collective achieves, (0, 1] (default: the calibration's, else 1.0"
         + ("; 'auto' fits it from communication-bound syncsgd trials)" if auto else ")"),
+    )
+    p.add_argument(
+        "--calibration",
+        default="auto",
+        help="calibration JSON of `testbed calibrate`, 'auto' (the one in the profiles directory for the world "
+        "size, when there is one) or 'none' (defaults: 50 us, efficiency 1, no host cost). Default: auto",
     )
     p.add_argument(
         "--overlap-hooks",
@@ -132,7 +155,7 @@ def _model_flags(p: argparse.ArgumentParser, auto: bool = False) -> None:
 
 
 def add_commands(subparsers: Any) -> None:
-    """Add `profile`, `predict` and `report` to the `testbed` argparse subparsers."""
+    """Add `profile`, `calibrate`, `predict` and `report` to the `testbed` argparse subparsers."""
     p = subparsers.add_parser(
         "profile",
         help="measure a model's compute and compressor costs (stored as JSON)",
@@ -156,7 +179,34 @@ def add_commands(subparsers: Any) -> None:
     )
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory for the JSON (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
+    from testbed.plugin_cli import add_plugin_flags
+
+    add_plugin_flags(p)
     p.set_defaults(func=cmd_profile)
+
+    from testbed.cli_common import add_name, add_shape_flags
+
+    p = subparsers.add_parser(
+        "calibrate",
+        help="measure the cluster's all-reduce and all-gather; fit the model's latency, bandwidth and host cost",
+        description="All-reduce and all-gather microbenchmarks over message sizes (algbw and busbw per size, as "
+        "nccl-tests) on the cluster's ranks, with the backend trials use; fits latency, effective bandwidth and the "
+        "host cost per byte, stored beside the profiles for `predict` and `report`.",
+    )
+    add_name(p)
+    add_shape_flags(p)
+    p.add_argument("--world-size", type=int, help="ranks to measure with (default: every host's ranks)")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto", help="default: as trials (auto)")
+    p.add_argument(
+        "--sizes",
+        default="16kb,256kb,1mb,4mb,16mb",
+        help="message sizes (all-reduce buffer, all-gather output), comma-separated (default: %(default)s)",
+    )
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per size and collective (default: 5)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds before the measurement is abandoned")
+    p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory of the profiles (default: profiles/)")
+    p.add_argument("--json", action="store_true", help="print the stored calibration as JSON")
+    p.set_defaults(func=cmd_calibrate)
 
     p = subparsers.add_parser(
         "predict",
@@ -228,11 +278,22 @@ def profile_table(profile: pm.Profile) -> Table:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from runners import catalog
     from testbed.outputs import check_output_dir
+    from testbed.plugin_cli import parse_opts
+    from testbed.plugins import check_plugin_path, inspect
 
     check_profile_flags(args)
     compressors = parse_compressors(args.compressors)
     check_output_dir(args.out, "--out")
+    plugin_path = check_plugin_path(args.plugin_path)
+    free = parse_opts(args.opt)
+    plugins = [c for c in compressors or () if catalog.is_plugin_spec(c)]
+    if free and not plugins:
+        raise InputError("--opt applies to MODULE:FACTORY compressors in --compressors; give the built-ins' own options "
+                         "in a sweep")  # fmt: skip
+    for spec in plugins:  # the plugin's own one-line errors, before the measurement starts
+        inspect(spec, free, plugin_path)
     profile, path = modelling.measure_and_store(
         args.model,
         args.batch_size,
@@ -245,6 +306,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         bucket_cap_mb=args.bucket_cap_mb,
         threads=args.threads,
         status=_console().status,
+        options={spec: free for spec in plugins},
+        plugin_path=plugin_path,
     )
     if args.json:
         sys.stdout.write(json.dumps({"path": str(path), **pm.profile_to_dict(profile)}, indent=2) + "\n")
@@ -255,16 +318,119 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- calibrate
+def parse_sizes(text: str) -> list[int]:
+    """`16kb,1mb` -> bytes (shaping.units.parse_size_bytes), sorted, distinct."""
+    from shaping.units import parse_size_bytes
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise InputError(f"--sizes {text!r}: expected comma-separated sizes, e.g. 16kb,1mb,16mb")
+    return sorted({parse_size_bytes(p, "--sizes") for p in parts})
+
+
+def calibration_table(c: cal.Calibration) -> Table:
+    from shaping.units import format_rate, format_size
+
+    f = c.fitted
+    t = Table(
+        title=f"cluster {c.cluster}: {c.backend}, {c.world_size} ranks, "
+        f"{format_rate(c.rate_bps) if c.rate_bps else 'unshaped'} (nccl-tests convention: size = all-gather output)"
+    )
+    for col in ("collective", "size", "time ms", "host CPU ms", "algbw", "busbw", "model ms"):
+        t.add_column(col, justify="left" if col == "collective" else "right")
+    fits = {"allreduce": f.allreduce_fit, "allgather": f.allgather_fit}
+    for s in sorted(c.samples, key=lambda s: (s.collective != "allreduce", s.n_bytes)):
+        fit = fits[s.collective]
+        t.add_row(s.collective, format_size(s.n_bytes), f"{s.wall_s * 1e3:.3f}", f"{s.cpu_s * 1e3:.3f}",
+                  format_rate(s.algbw_bps), format_rate(s.busbw_bps),
+                  f"{(fit.intercept + fit.slope * s.n_bytes) * 1e3:.3f}")  # fmt: skip
+    return t
+
+
+def calibration_summary(c: cal.Calibration) -> str:
+    from shaping.units import format_rate
+
+    f = c.fitted
+    eff = (
+        f"efficiency {c.efficiency:.3f} of {format_rate(c.rate_bps)}"
+        if c.efficiency is not None
+        else ("efficiency not fitted (unshaped: no rate to compare with; the model uses 1.0 or --efficiency)")
+    )
+    local = f" (local add_ probe {c.local_reduce_s_per_byte * 1e9:.3g} ns/B)" if c.local_reduce_s_per_byte else ""
+    return (
+        f"fitted: latency alpha {f.latency_s * 1e6:.3g} us, all-reduce bandwidth {format_rate(f.bandwidth_bps)} "
+        f"(all-gather {format_rate(f.allgather_bandwidth_bps)}), {eff}; host cost {f.host_s_per_wire_byte * 1e9:.3g} "
+        f"ns per byte on the wire, {f.reduce_s_per_byte * 1e9:.3g} ns per byte reduced{local}; "
+        f"fit residual {f.allreduce_fit.rel_rms:.1%} (all-reduce), {f.allgather_fit.rel_rms:.1%} (all-gather)"
+    )
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import math
+
+    from testbed.calibrate import check_settings, run_calibration
+    from testbed.cli_common import shape_from_args
+    from testbed.cluster import backends
+    from testbed.outputs import check_output_dir
+
+    shape = shape_from_args(args)
+    sizes = parse_sizes(args.sizes)
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise InputError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
+    check_settings(sizes, args.reps, args.timeout)
+    if args.world_size is not None and args.world_size < 2:
+        raise InputError(f"--world-size {args.world_size}: a calibration needs at least 2 ranks")
+    check_output_dir(args.out, "--out")
+    cluster = backends.open_cluster(args.name)
+    console = _console()
+    with console.status("calibrating...") as status:
+        c, path = run_calibration(
+            cluster,
+            args.out,
+            shape=shape,
+            world_size=args.world_size,
+            backend=args.backend,
+            sizes_bytes=sizes,
+            reps=args.reps,
+            timeout_s=args.timeout,
+            on_phase=lambda msg: status.update(f"calibrating: {msg}..."),
+        )
+    if args.json:
+        sys.stdout.write(json.dumps({"path": str(path), **cal.calibration_to_dict(c)}, indent=2) + "\n")
+        return 0
+    console.print(calibration_table(c))
+    console.print(calibration_summary(c))
+    console.print(f"stored: {path} (figure {path.with_suffix('.png')})")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- predict
 def _fmt_ms(s: float) -> str:
     ms = s * 1e3
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
+def _given_latency(args: argparse.Namespace) -> float | None:
+    return None if args.latency is None else _latency_s(args.latency)
+
+
+def _given_efficiency(args: argparse.Namespace) -> float | None:
+    return None if args.efficiency is None else _efficiency(args.efficiency)
+
+
+def _check_calibration_flag(args: argparse.Namespace) -> None:
+    if args.calibration not in ("auto", "none") and not Path(args.calibration).is_file():
+        raise InputError(
+            f"--calibration {args.calibration}: no such file; expected a JSON of `testbed calibrate`, auto or none"
+        )
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     # validate the cheap flags before a possibly long measurement
     parse_bandwidths(args.bw, args.points)
-    _latency_s(args.latency), _efficiency(args.efficiency)
+    _given_latency(args), _given_efficiency(args)
+    _check_calibration_flag(args)
     _positive(args.compute_speedup, "--compute-speedup"), _positive(args.codec_speedup, "--codec-speedup")
     parse_compressors(args.compressors)
     if args.world_size < 1:
@@ -277,6 +443,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         profiles_dir=args.profiles,
         status=_console().status,
     )
+    calibration = modelling.resolve_calibration(args.calibration, args.profiles, args.world_size)
+    terms = cal.model_terms(calibration, latency_s=_given_latency(args), efficiency=_given_efficiency(args))
     data = modelling.prediction(
         profile,
         source,
@@ -284,8 +452,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         world_size=args.world_size,
         baseline=args.baseline,
         compressors=parse_compressors(args.compressors),
-        latency_s=_latency_s(args.latency),
-        efficiency=_efficiency(args.efficiency),
+        terms=terms,
         compute_speedup=_positive(args.compute_speedup, "--compute-speedup"),
         codec_speedup=_positive(args.codec_speedup, "--codec-speedup"),
         hook_blocks_backward=not args.overlap_hooks,
@@ -304,8 +471,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         knobs.append(f"encode/decode {data['codec_speedup']:g}x faster")
     title = (
         f"{profile.model} bs{profile.batch_size} ({profile.device} profile), {data['world_size']} workers, "
-        f"latency {data['latency_s'] * 1e6:g} us, efficiency {data['efficiency']:g}"
-        + (f", what-if: {', '.join(knobs)}" if knobs else "")
+        f"{terms.describe()}" + (f", what-if: {', '.join(knobs)}" if knobs else "")
     )
     console.print(title)
     t = Table(title="predicted iteration time (ms)")
@@ -351,6 +517,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         )
     console.print(s)
     console.print(f"profile: {source}; hooks {'block' if data['hook_blocks_backward'] else 'overlap'} backward")
+    for n in names:
+        for a in data["compressors"][n].get("assumed") or ():
+            console.print(f"assumed for {n}: {a}")
     return 0
 
 
@@ -360,8 +529,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from testbed.report import report_from_dir
 
     check_output_dir(args.out, "--out")
-    latency_s = _latency_s(args.latency)
-    efficiency = "auto" if args.efficiency == "auto" else _efficiency(args.efficiency)
+    latency_s = _given_latency(args)
+    efficiency = "auto" if args.efficiency == "auto" else _given_efficiency(args)
+    _check_calibration_flag(args)
     profiles_dir = args.profiles
     if profiles_dir is None and Path(DEFAULT_PROFILES_DIR).is_dir():
         profiles_dir = DEFAULT_PROFILES_DIR
@@ -375,6 +545,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         latency_s=latency_s,
         efficiency=efficiency,
         hook_blocks_backward=not args.overlap_hooks,
+        **({} if args.calibration == "auto" else {"calibrations": modelling.explicit_calibrations(args.calibration)}),
     )
     if args.json:
         sys.stdout.write(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from shaping.files import atomic_write
+from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed.errors import InputError, TestbedError
 
@@ -37,10 +38,19 @@ def measure_profile(
     bucket_cap_mb: float = 25.0,
     threads: int = 0,
     status: Status = _quiet,
+    options: dict[str, dict[str, Any]] | None = None,
+    plugin_path: str | None = None,
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
-    `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it."""
+    `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it.
+    `options`: compressor -> its options; `plugin_path`: the directory MODULE:FACTORY plugins are imported from
+    (this process imports them: the profile runs here)."""
     check_device(device)
+    if plugin_path:
+        import sys
+
+        if plugin_path not in sys.path:
+            sys.path.insert(0, plugin_path)
     try:
         from runners.profile import profile_model
     except ImportError as exc:
@@ -59,6 +69,7 @@ def measure_profile(
             iters=iters,
             bucket_cap_mb=bucket_cap_mb,
             device=device,
+            options=options,
         )
     return pm.profile_from_dict(data, source=f"profile of {model}")
 
@@ -137,6 +148,21 @@ def resolve_profile(
     return prof, f"{path} (measured now)"
 
 
+def resolve_calibration(spec: str | None, profiles_dir: str | Path | None, world_size: int) -> cal.Calibration | None:
+    """The calibration a prediction uses: `spec` a JSON path, 'none' (no calibration), or 'auto'/None (the one stored
+    in `profiles_dir` for this world size, see calibration.pick_calibration; None when there is none)."""
+    if spec == "none":
+        return None
+    if spec and spec != "auto":
+        return cal.load_calibration(spec)
+    return cal.pick_calibration(cal.find_calibrations(profiles_dir), world_size)
+
+
+def explicit_calibrations(spec: str) -> list[cal.Calibration]:
+    """`--calibration none` (no calibration) or a file: the calibrations a report uses instead of the stored ones."""
+    return [] if spec == "none" else [cal.load_calibration(spec)]
+
+
 def prediction(
     profile: pm.Profile,
     source: str,
@@ -145,14 +171,22 @@ def prediction(
     world_size: int,
     baseline: str,
     compressors: list[str] | None = None,
-    latency_s: float = 0.0,
-    efficiency: float = 1.0,
+    terms: cal.ModelTerms | None = None,
     compute_speedup: float = 1.0,
     codec_speedup: float = 1.0,
     hook_blocks_backward: bool = True,
 ) -> dict[str, Any]:
     """Everything `predict` shows, as plain data (its --json output): per compressor the predicted iteration time
-    and speedup over `baseline` at each bandwidth, the best speedup and the crossover."""
+    and speedup over `baseline` at each bandwidth, the best speedup and the crossover. `terms`: the collective
+    terms (calibration.model_terms); default: the model's defaults, no calibration."""
+    terms = terms or cal.model_terms(None)
+    model = {
+        "latency_s": terms.latency_s,
+        "efficiency": terms.efficiency,
+        "host_s_per_wire_byte": terms.host_s_per_wire_byte,
+        "reduce_s_per_byte": terms.reduce_s_per_byte,
+        "allgather_efficiency": terms.allgather_efficiency,
+    }
     if world_size < 1:
         raise InputError(f"--world-size {world_size}: expected >= 1")
     names = compressors or profile.compressor_names()
@@ -170,9 +204,8 @@ def prediction(
         world_size,
         bandwidths_bps,
         compressors=sorted(set(names) | {baseline}),
-        latency_s=latency_s,
-        efficiency=efficiency,
         hook_blocks_backward=hook_blocks_backward,
+        **model,
     )
     summary = pm.summarize(
         prof,
@@ -180,9 +213,8 @@ def prediction(
         bandwidths_bps,
         baseline=baseline,
         compressors=names,
-        latency_s=latency_s,
-        efficiency=efficiency,
         hook_blocks_backward=hook_blocks_backward,
+        **model,
     )
     base = curves[baseline]
     out: dict[str, Any] = {
@@ -191,8 +223,8 @@ def prediction(
         "batch_size": profile.batch_size,
         "device": profile.device,
         "world_size": world_size,
-        "latency_s": latency_s,
-        "efficiency": efficiency,
+        **model,
+        "calibration": terms.source,
         "compute_speedup": compute_speedup,
         "codec_speedup": codec_speedup,
         "hook_blocks_backward": hook_blocks_backward,
@@ -208,6 +240,7 @@ def prediction(
             "speedup": [b.iter_time_s / p.iter_time_s for b, p in zip(base, curves[n], strict=True)],
             "max_speedup": s.max_speedup,
             "max_speedup_at_bps": s.at_bps,
+            "assumed": list(prof.compressor(n).assumed),
             "crossover": None
             if n == baseline
             else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps, "wins_below": cx.wins_below},

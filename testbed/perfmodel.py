@@ -78,6 +78,7 @@ class CompressorProfile:
     rounds: int
     buckets: tuple[CodecBucket, ...]
     options: Mapping[str, Any] = field(default_factory=dict)
+    assumed: tuple[str, ...] = ()  # what the profile assumed of a plugin that did not declare it
 
     @property
     def payload_bytes(self) -> int:
@@ -150,16 +151,25 @@ class Network:
     bandwidth_bps: float
     latency_s: float = 0.0
     efficiency: float = 1.0
+    host_s_per_wire_byte: float = 0.0  # k: host time per byte a rank sends (copies, socket stack); calibrated
+    reduce_s_per_byte: float = 0.0  # gamma: host time per byte a rank reduces; calibrated
+    allgather_efficiency: float | None = None  # all-gather's fraction of the link when it differs (None: efficiency)
 
     def __post_init__(self) -> None:
+        for name in ("host_s_per_wire_byte", "reduce_s_per_byte"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise InputError(f"{name} {v!r}: expected a finite number >= 0 (seconds per byte)")
         if int(self.world_size) != self.world_size or self.world_size < 1:
             raise InputError(f"world size {self.world_size!r}: expected an integer >= 1")
         if not (self.bandwidth_bps > 0 and math.isfinite(self.bandwidth_bps)):
             raise InputError(f"bandwidth {self.bandwidth_bps!r} bit/s: expected a positive finite rate")
         if self.latency_s < 0 or not math.isfinite(self.latency_s):
             raise InputError(f"latency {self.latency_s!r} s: expected >= 0")
-        if not (0 < self.efficiency <= 1):
-            raise InputError(f"efficiency {self.efficiency!r}: expected a fraction in (0, 1]")
+        for name in ("efficiency", "allgather_efficiency"):
+            v = getattr(self, name)
+            if v is not None and not (0 < v <= 1):
+                raise InputError(f"{name.replace('_', ' ')} {v!r}: expected a fraction in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -278,7 +288,8 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             missing = {b.index for b in buckets} - {b.index for b in cb}
             if missing:
                 raise InputError(f"{where}: no entry for bucket(s) {sorted(missing)}; expected one per DDP bucket")
-            comps[name] = CompressorProfile(name, collective, rounds, cb, dict(c.get("options") or {}))
+            comps[name] = CompressorProfile(name, collective, rounds, cb, dict(c.get("options") or {}),
+                                            tuple(str(a) for a in c.get("assumed") or ()))  # fmt: skip
         return Profile(
             model=str(_req(d, "model", source)),
             batch_size=int(_req(d, "batch_size", source)),
@@ -370,14 +381,66 @@ def allgather_time_s(
     return (p - 1) * latency_s * rounds + (p - 1) * 8.0 * n_bytes_per_worker / (bandwidth_bps * efficiency)
 
 
+def collective_host_s(collective: str, n_bytes: float, net: Network) -> float:
+    """Host time one rank spends on a collective (calibrated k and gamma; 0 without a calibration):
+    all-reduce of n bytes          (p-1)/p * n * (2k + gamma)   (sends 2(p-1)/p n, reduces (p-1)/p n)
+    all-gather of n_c per worker   (p-1) * n_c * k              (sends (p-1) n_c, reduces nothing)"""
+    p = net.world_size
+    if p <= 1:
+        return 0.0
+    if collective == "allreduce":
+        return (p - 1) / p * n_bytes * (2 * net.host_s_per_wire_byte + net.reduce_s_per_byte)
+    if collective == "allgather":
+        return (p - 1) * n_bytes * net.host_s_per_wire_byte
+    raise InputError(f"collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+
+
 def collective_time_s(collective: str, n_bytes: float, rounds: int, net: Network) -> float:
+    """Latency term + max(bandwidth term, host time): a collective never runs faster than its host can copy and
+    reduce (gloo on CPU at high rates); with no calibrated host cost this is the plain alpha-beta time."""
     if collective == "allreduce":
         fn = allreduce_time_s
     elif collective == "allgather":
         fn = allgather_time_s
     else:
         raise InputError(f"collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
-    return fn(n_bytes, net.world_size, net.bandwidth_bps, net.latency_s, net.efficiency, rounds)
+    p, b, eff = net.world_size, net.bandwidth_bps, net.efficiency
+    if collective == "allgather" and net.allgather_efficiency is not None:
+        eff = net.allgather_efficiency
+    latency = fn(0.0, p, b, net.latency_s, eff, rounds)
+    return latency + max(fn(n_bytes, p, b, 0.0, eff, rounds), collective_host_s(collective, n_bytes, net))
+
+
+def compute_finish_s(now: float, work_s: float, busy: Sequence[tuple[float, float, float]]) -> float:
+    """When `work_s` of compute started at `now` is done, while collectives take host time beside it.
+
+    `busy` are the link intervals (start, end, f) in time order, f = host time / duration of that collective (capped
+    at 1): during an interval compute advances at rate 1 - f (one compute resource shared with the collective's
+    copies and reductions; host-bound, f = 1, stalls it), elsewhere at rate 1."""
+    for start, end, f in busy:
+        if end <= now or f <= 0:
+            continue
+        if start > now:
+            if work_s <= start - now:
+                return now + work_s
+            work_s -= start - now
+            now = start
+        rate = 1.0 - min(1.0, f)
+        if rate > 0 and rate * (end - now) >= work_s:
+            return now + work_s / rate
+        work_s -= rate * (end - now)
+        now = end
+    return now + work_s
+
+
+def compute_done_between(t0: float, t1: float, busy: Sequence[tuple[float, float, float]]) -> float:
+    """Compute progress (seconds of work) between t0 and t1 under the same sharing as `compute_finish_s`."""
+    done = max(0.0, t1 - t0)
+    for start, end, f in busy:
+        lo, hi = max(start, t0), min(end, t1)
+        if hi > lo and f > 0:
+            done -= min(1.0, f) * (hi - lo)
+    return max(0.0, done)
 
 
 # --------------------------------------------------------------------------------------------- iteration model
@@ -431,16 +494,18 @@ def predict_iteration(
         now = prev_ready = link_free = 0.0  # now: the compute cursor (backward + encode + landed decodes)
         pending: list[tuple[float, float, int]] = []  # (comm_end, decode_s, position in timeline), link order
         done_at: dict[int, float] = {}
+        busy: list[tuple[float, float, float]] = []  # (comm_start, comm_end, host share) of each collective
 
         def run_backward(now: float, compute_s: float) -> float:
-            """Backward compute of `compute_s`, interrupted by every decode that lands before it is through."""
-            while pending and pending[0][0] <= now + compute_s:
+            """Backward compute of `compute_s`, slowed by the host share of collectives running beside it and
+            interrupted by every decode that lands before it is through."""
+            while pending and pending[0][0] <= compute_finish_s(now, compute_s, busy):
                 avail, dec, pos = pending.pop(0)
                 start = max(avail, now)
-                compute_s -= start - now
+                compute_s -= compute_done_between(now, start, busy)
                 now = start + dec
                 done_at[pos] = now
-            return now + compute_s
+            return compute_finish_s(now, compute_s, busy)
 
         for g in profile.buckets:
             c = codec[g.index]
@@ -451,6 +516,9 @@ def predict_iteration(
             now += c.encode_s
             comm_start = max(now, link_free)
             link_free = comm_start + comm
+            host = collective_host_s(comp.collective, c.payload_bytes, net)
+            if host > 0 and comm > 0:
+                busy.append((comm_start, link_free, host / comm))
             pending.append((link_free, c.decode_s, len(timeline)))
             timeline.append(BucketTimeline(g.index, start, comm_start, link_free, link_free + c.decode_s))
             enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
@@ -472,6 +540,9 @@ def predict_curves(
     latency_s: float = 0.0,
     efficiency: float = 1.0,
     hook_blocks_backward: bool = False,
+    host_s_per_wire_byte: float = 0.0,
+    reduce_s_per_byte: float = 0.0,
+    allgather_efficiency: float | None = None,
 ) -> dict[str, list[Prediction]]:
     """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth."""
     names = list(compressors) if compressors else profile.compressor_names()
@@ -481,7 +552,15 @@ def predict_curves(
             predict_iteration(
                 profile,
                 name,
-                Network(world_size, float(b), latency_s, efficiency),
+                Network(
+                    world_size,
+                    float(b),
+                    latency_s,
+                    efficiency,
+                    host_s_per_wire_byte,
+                    reduce_s_per_byte,
+                    allgather_efficiency,
+                ),
                 hook_blocks_backward=hook_blocks_backward,
             )
             for b in bandwidths_bps
@@ -588,12 +667,20 @@ def crossover(
     efficiency: float = 1.0,
     hook_blocks_backward: bool = False,
     points: int = 64,
+    host_s_per_wire_byte: float = 0.0,
+    reduce_s_per_byte: float = 0.0,
+    allgather_efficiency: float | None = None,
 ) -> Crossover:
     """Bandwidth B* in [low, high] where `compressor`'s predicted iteration time equals `baseline`'s."""
 
     def t(name: str, b: float) -> float:
         return predict_iteration(
-            profile, name, Network(world_size, b, latency_s, efficiency), hook_blocks_backward=hook_blocks_backward
+            profile,
+            name,
+            Network(
+                world_size, b, latency_s, efficiency, host_s_per_wire_byte, reduce_s_per_byte, allgather_efficiency
+            ),
+            hook_blocks_backward=hook_blocks_backward,
         ).iter_time_s
 
     kind, b_star, wins_below, crossings = find_crossover(
@@ -621,6 +708,9 @@ def summarize(
     latency_s: float = 0.0,
     efficiency: float = 1.0,
     hook_blocks_backward: bool = False,
+    host_s_per_wire_byte: float = 0.0,
+    reduce_s_per_byte: float = 0.0,
+    allgather_efficiency: float | None = None,
 ) -> dict[str, SpeedupSummary]:
     """Best speedup over `baseline` in the range, and the crossover, per compressor."""
     names = list(compressors) if compressors else profile.compressor_names()
@@ -632,6 +722,9 @@ def summarize(
         latency_s=latency_s,
         efficiency=efficiency,
         hook_blocks_backward=hook_blocks_backward,
+        host_s_per_wire_byte=host_s_per_wire_byte,
+        reduce_s_per_byte=reduce_s_per_byte,
+        allgather_efficiency=allgather_efficiency,
     )
     base = curves[baseline]
     lo, hi = min(bandwidths_bps), max(bandwidths_bps)
@@ -650,6 +743,9 @@ def summarize(
                 latency_s=latency_s,
                 efficiency=efficiency,
                 hook_blocks_backward=hook_blocks_backward,
+                host_s_per_wire_byte=host_s_per_wire_byte,
+                reduce_s_per_byte=reduce_s_per_byte,
+                allgather_efficiency=allgather_efficiency,
             )
             if lo < hi
             else Crossover(name, baseline, "always" if speedups[0] > 1 else "never", None, lo, hi)
@@ -811,6 +907,7 @@ def profile_to_dict(profile: Profile) -> dict:
                     {"index": b.index, "payload_bytes": b.payload_bytes, "encode_s": b.encode_s, "decode_s": b.decode_s}
                     for b in c.buckets
                 ],
+                **({"assumed": list(c.assumed)} if c.assumed else {}),
             }
             for n, c in profile.compressors.items()
         },

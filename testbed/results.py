@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from testbed.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions
 
 # name -> pyarrow type; the order is the column order of the store
 COLUMNS: dict[str, pa.DataType] = {
@@ -42,8 +42,9 @@ COLUMNS: dict[str, pa.DataType] = {
     "wall_s": pa.float64(),
     "backend": pa.string(),  # local | lab
     "cluster_name": pa.string(),
-    "host_count": pa.int32(),
-    "world_size": pa.int32(),
+    "host_count": pa.int32(),  # hosts the trial ran on
+    "ranks_per_host": pa.int32(),  # torchrun's nproc-per-node
+    "world_size": pa.int32(),  # ranks in all = host_count x ranks_per_host
     "rate_bps": pa.int64(),  # requested link rate; 0 = unshaped
     "burst_bytes": pa.int64(),
     "qdisc": pa.string(),
@@ -62,12 +63,21 @@ COLUMNS: dict[str, pa.DataType] = {
     "warmup_iters": pa.int32(),  # as run (raised to cover the compressor's own start-up steps)
     "seed": pa.int32(),
     "serial": pa.bool_(),
+    "overlap": pa.bool_(),  # hooks return un-waited futures (communication overlaps backward)
+    "skew_probe": pa.bool_(),
     "bucket_cap_mb": pa.float64(),
     "torch_version": pa.string(),
     "python_version": pa.string(),
     "kernel": pa.string(),
     "dist_backend": pa.string(),  # gloo | nccl
-    "device": pa.string(),
+    "intra_host": pa.string(),  # p2p | socket (NCCL between GPUs of one host)
+    "nccl_settings": pa.string(),  # JSON object: the NCCL_* variables every rank got
+    "user_env_keys": pa.string(),  # comma-separated names of --env variables (values are never stored)
+    "device": pa.string(),  # cpu | cuda
+    "device_name": pa.string(),  # GPU name, or the CPU
+    "cuda_version": pa.string(),
+    "nccl_version": pa.string(),
+    "driver_version": pa.string(),
     "testbed_version": pa.string(),
     "hostname": pa.string(),
     "iter_time_s_mean": pa.float64(),
@@ -84,6 +94,13 @@ COLUMNS: dict[str, pa.DataType] = {
     "payload_bytes_per_iter": pa.float64(),
     "wire_tx_bytes_per_iter": pa.float64(),
     "wire_rx_bytes_per_iter": pa.float64(),
+    "peer_wait_s": pa.float64(),  # --skew-probe: waiting for the slowest peer per iteration (else null)
+    # MODULE:FACTORY plugins (null for built-in compressors)
+    "plugin_module": pa.string(),
+    "plugin_version": pa.string(),  # the module's __version__ or its distribution's version, when it has one
+    "plugin_sha256": pa.string(),  # of the module's source file, as the controller (and every host) had it
+    "plugin_path": pa.string(),  # the directory given with --plugin-path (the ranks' PYTHONPATH)
+    "plugin_assumed": pa.string(),  # what the model assumed because the state did not declare it
 }
 SCHEMA = pa.schema(list(COLUMNS.items()))
 

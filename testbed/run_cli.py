@@ -121,6 +121,9 @@ def add_trial_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     g.add_argument("--env", action="append", metavar="KEY=VAL",
                    help="a variable every rank gets (repeatable); nothing else of this shell reaches the ranks "
                    "but NCCL_*/GLOO_*/TORCH_*/CUDA_* and OMP/MKL thread counts")  # fmt: skip
+    from testbed.plugin_cli import add_plugin_flags
+
+    add_plugin_flags(p)
     metavars = {"int": "N", "float": "X", "bool": "on|off", "choice": "NAME"}
     for key, (flag, kind) in catalog.option_flags().items():
         p.add_argument(flag, dest=f"opt_{key}", type=_FLAG_TYPES[kind], metavar=metavars[kind], help=_option_help(key))
@@ -128,6 +131,47 @@ def add_trial_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, f"opt_{k}") for k in OPTION_FLAGS if getattr(args, f"opt_{k}", None) is not None}
+
+
+def _free_options(args: argparse.Namespace) -> dict[str, Any]:
+    """--opt key=value words; a key also given by its own flag (e.g. --rank and --opt rank=...) is refused."""
+    from testbed.plugin_cli import parse_opts
+
+    free = parse_opts(getattr(args, "opt", None))
+    for key in free:
+        if key in _options(args):
+            raise InputError(f"--opt {key}=... and {OPTION_FLAGS[key][0]} both given; give one")
+    return free
+
+
+def _plugin_path(args: argparse.Namespace) -> str | None:
+    from testbed.plugins import check_plugin_path
+
+    return check_plugin_path(getattr(args, "plugin_path", None))
+
+
+def _inspect_plugins(trials: list[Trial]) -> dict[tuple, dict[str, Any]]:
+    """Every plugin compressor of the trials imported once (in a subprocess) with its options: the plugin's own
+    one-line errors are InputErrors here, before any cluster is looked up."""
+    from testbed.plugins import inspect_trials
+
+    return inspect_trials(trials)
+
+
+def _check_plugin_hosts(cluster, trials: list[Trial], infos: dict[tuple, dict[str, Any]]) -> None:
+    """Each plugin imports on every host of the cluster, with the plugin path the ranks get (before any trial)."""
+    from testbed.plugins import check_hosts
+
+    seen = set()
+    for key, info in infos.items():
+        spec, _, path = key
+        if (spec, path) not in seen:
+            seen.add((spec, path))
+            check_hosts(cluster, cluster.hosts(), spec, path, info.get("sha256"))
+
+
+def _plugin_of(trial: Trial, infos: dict[tuple, dict[str, Any]]) -> dict[str, Any] | None:
+    return infos.get((trial.compressor, trial.options, trial.plugin_path))
 
 
 def _common(args: argparse.Namespace) -> dict[str, Any]:
@@ -204,19 +248,24 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not args.bw:
         raise InputError("run needs --bw RATE (e.g. 500mbit), or --bw none for an unshaped run")
+    from testbed.plugins import resolve_name
+
     rate = parse_rates([args.bw])[0]
-    opts = _options(args)
+    opts = {**_options(args), **_free_options(args)}
     _check_timeout(args.timeout)
     _probe_args(args)  # the per-trial probe's settings, checked before anything starts
     user_env = parse_env_pairs(args.env, "--env")
     launch_plan.check_user_env(user_env)
     trial = Trial(
-        compressor=args.compressor,
+        compressor=resolve_name(args.compressor),
         rate_bps=rate,
         world_size=args.world_size or (args.ranks_per_host or 1),  # placeholder until resolved against the hosts
         options=tuple(sorted(opts.items())),
+        plugin_path=_plugin_path(args),
         **_common(args),
     )
+    store = _open_store(args.out)  # checked writable before anything is looked up or started
+    infos = _inspect_plugins([trial])
     cluster = _cluster_for(args, trial.world_size)
     # backend, ranks per host and world size made concrete for this cluster's hosts (exit 2 if they cannot run it)
     trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
@@ -226,15 +275,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = Path(args.out) / "trials" / trial.trial_id
         plan = make_plan(cluster, trial, cluster.rank_out_dir(out, trial.trial_id), timeout_s=args.timeout,
                          user_env=user_env)  # fmt: skip
-        print_json({"trial_id": trial.trial_id, "trial": trial.config(), "plan": plan.to_json()})
+        print_json({"trial_id": trial.trial_id, "trial": trial.config(), "plugin": _plugin_of(trial, infos),
+                    "plan": plan.to_json()})  # fmt: skip
         return 0
-    store = _open_store(args.out)
     stored = store.find(trial.trial_id)
     if stored is not None and stored["status"] == "ok" and not args.rerun:
         raise InputError(
             f"trial {trial.trial_id} is already stored ok in {store.root} (attempt {stored['attempt']}, "
             f"{stored['started_at']}); add --rerun to measure it again as a new attempt (the stored one is kept)"
         )
+    _check_plugin_hosts(cluster, [trial], infos)
     stop_on_ctrl_c()
     with console.status(f"{trial.label()}: starting") as status:
         row = run_trial(
@@ -246,6 +296,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             on_phase=lambda phase: status.update(f"{trial.label()}: {phase}"),
             user_env=user_env,
             **_probe_args(args),
+            plugin=_plugin_of(trial, infos),
         )
     baseline = store.find(trial.baseline().trial_id) if trial.compressor != "syncsgd" else None
     if args.json:
@@ -293,6 +344,7 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
         given = [f"--{k.replace('_', '-')}" for k in ("bw", "compressor", "world_size") if getattr(args, k)]
         given += [f"--{k.replace('_', '-')}" for k in TRIAL_FLAG_DEFAULTS if getattr(args, k) is not None]
         given += [OPTION_FLAGS[k][0] for k in _options(args)]
+        given += [f for f, v in (("--opt", args.opt), ("--plugin-path", args.plugin_path)) if v is not None]
         if given:
             raise InputError(
                 f"{', '.join(given)} with --config: the sweep file sets the grid and the trial settings, so the "
@@ -306,8 +358,12 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
         sizes = [int(x) for x in parse_list(args.world_size, "--world-size")]
     except ValueError:
         raise InputError(f"--world-size {args.world_size!r}: expected comma-separated integers") from None
-    compressors = parse_list(args.compressor, "--compressor")
+    from testbed.plugins import resolve_name
+
+    compressors = [resolve_name(c) for c in parse_list(args.compressor, "--compressor")]
     flag_opts = _options(args)
+    free_opts = _free_options(args)
+    plugins_in_grid = [c for c in compressors if catalog.is_plugin_spec(c)]
     for key in flag_opts:  # an option goes to the compressors of the grid that take it; one nobody takes is refused
         if not any(key in catalog.options_of(c) for c in compressors if c in catalog.COMPRESSORS):
             users = ", ".join(catalog.who_accepts(key))
@@ -315,12 +371,20 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
                 f"{OPTION_FLAGS[key][0]} applies to no compressor in --compressor {args.compressor} "
                 f"({key} is for {users})"
             )
+    for key in free_opts:  # --opt goes to every plugin of the grid and to the built-ins that take the option
+        if not plugins_in_grid and not any(key in catalog.options_of(c) for c in compressors if c in catalog.COMPRESSORS):
+            raise InputError(f"--opt {key}=...: applies to no compressor in --compressor {args.compressor}")
     options = {
-        c: {k: v for k, v in flag_opts.items() if k in catalog.options_of(c)}
+        c: {k: v for k, v in {**flag_opts, **free_opts}.items() if k in catalog.options_of(c)}
         for c in compressors
         if c in catalog.COMPRESSORS
     }
-    return expand(parse_rates(parse_list(args.bw, "--bw")), compressors, sizes, options=options, **_common(args))
+    options.update({c: dict(free_opts) for c in plugins_in_grid})
+    plugin_path = _plugin_path(args)
+    if plugin_path is not None and not plugins_in_grid:
+        raise InputError(f"--plugin-path applies to MODULE:FACTORY compressors; --compressor {args.compressor} has none")
+    return expand(parse_rates(parse_list(args.bw, "--bw")), compressors, sizes, options=options,
+                  plugin_path=plugin_path, **_common(args))  # fmt: skip
 
 
 def _eta_text(store, n: int, timeout_s: float) -> str:
@@ -343,6 +407,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _refuse_big_grid(n: int, eta: str) -> None:
+    raise InputError(f"sweep: {n} trials to run ({eta}); more than {CONFIRM_GRID_ABOVE} trials need --yes")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from testbed import launch_plan
     from testbed.launch import STOP, run_trial, stop_on_ctrl_c
@@ -352,7 +420,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     user_env = parse_env_pairs(args.env, "--env")
     launch_plan.check_user_env(user_env)
     trials = _sweep_trials(args)
+    infos = _inspect_plugins(trials)
     store = _open_store(args.out)
+    if registry.load_record(args.name) is None and len(trials) > CONFIRM_GRID_ABOVE and not args.yes:
+        _refuse_big_grid(len(trials), _eta_text(store, len(trials), args.timeout))  # said before "no cluster"
     cluster = _cluster_for(args, max(t.world_size for t in trials))
     hosts = cluster.hosts()
     # concrete backend and ranks per host for these hosts (their trial ids are what the store holds); every trial
@@ -362,13 +433,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     todo = [t for t in trials if t.trial_id not in done]
     eta = _eta_text(store, len(todo), args.timeout)
     if len(todo) > CONFIRM_GRID_ABOVE and not args.yes:
-        raise InputError(f"sweep: {len(todo)} trials to run ({eta}); more than {CONFIRM_GRID_ABOVE} trials need --yes")
+        _refuse_big_grid(len(todo), eta)
     console.print(
         f"sweep: {len(trials)} trials, {len(trials) - len(todo)} already stored, {len(todo)} to run"
         + (f" ({eta})" if todo else "")
     )
     if not todo:
         return 0
+    _check_plugin_hosts(cluster, todo, infos)
     failed = 0
     stop_on_ctrl_c()
     columns = (
@@ -383,7 +455,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for trial in todo:
             progress.update(task, description=trial.label())
             row = run_trial(cluster, trial, store, timeout_s=args.timeout, probe=not args.no_probe, user_env=user_env,
-                            **_probe_args(args))  # fmt: skip
+                            **_probe_args(args), plugin=_plugin_of(trial, infos))  # fmt: skip
             if STOP.is_set():
                 progress.console.print(f"interrupted: {trial.label()} stored as failed; run the sweep again to resume")
                 return 130
@@ -471,7 +543,8 @@ def add_commands(sub) -> None:
     add_json(p)
     p.add_argument("--bw", help="link rate for this trial, e.g. 500mbit (or none)")
     p.add_argument(
-        "--compressor", default="syncsgd", help="syncsgd, fp16, bf16, powersgd, acpsgd, signsgd, topk, mstopk"
+        "--compressor", default="syncsgd", help="syncsgd, fp16, bf16, powersgd, acpsgd, signsgd, topk, mstopk, an "
+        "installed plugin's name (testbed compressors) or MODULE:FACTORY (with --plugin-path DIR)"
     )
     p.add_argument("--world-size", type=int, help="ranks in all (default: every host x --ranks-per-host)")
     p.add_argument("--dry-run", action="store_true", help="print the launch plan (hosts, ranks, argv, environment) "
@@ -488,7 +561,7 @@ def add_commands(sub) -> None:
     add_name(p)
     p.add_argument("--config", help="sweep TOML file (see sweeps/)")
     p.add_argument("--bw", help="comma-separated rates, e.g. 100mbit,1gbit")
-    p.add_argument("--compressor", help="comma-separated compressors")
+    p.add_argument("--compressor", help="comma-separated compressors (built-in names, plugin names, MODULE:FACTORY)")
     p.add_argument("--world-size", help="comma-separated world sizes, e.g. 2,4")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed trial")
     p.add_argument(

@@ -41,13 +41,23 @@ def options_of(name: str) -> tuple[str, ...]:
 
 def _check_name(name: str) -> None:
     if name not in _MODULES:
-        raise ValueError(f"unknown compressor {name!r}; valid: {', '.join(_MODULES)}")
+        catalog.compressor(name)  # the catalogue's message
+
+
+def is_plugin(name: str) -> bool:
+    """A plugin spec MODULE:FACTORY (runners/plugins.py) rather than a built-in name."""
+    return catalog.is_plugin_spec(name)
 
 
 def get(name: str, process_group=None, overlap: bool = True, **options):
     """Build compressor ``name``: returns ``(state, hook)``. ``process_group`` None means the default group.
     ``overlap`` False: every collective is waited inside the hook (no overlap with backward); True: the hook
-    returns un-waited (see base.py). Bitwise the same result either way."""
+    returns un-waited (see base.py). Bitwise the same result either way.
+    ``name`` may be a plugin ``MODULE:FACTORY`` (runners/plugins.py): its factory gets the options."""
+    if catalog.is_plugin_spec(name):
+        from runners import plugins
+
+        return plugins.get(name, process_group=process_group, overlap=overlap, **options)
     _check_name(name)
     mod = _MODULES[name]
     accepted = mod.STATE.HYPERPARAMS

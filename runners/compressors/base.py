@@ -152,6 +152,9 @@ class CompressorState:
     NAME = "base"
     COLLECTIVE = "allreduce"
     ROUNDS = 1
+    OVERLAPS = True  # its communication can overlap backward (with overlap on)
+    LOSSLESS = False  # gradients equal sync SGD's within TOLERANCE (testbed check-compressor checks it)
+    TOLERANCE = 0.0
     HYPERPARAMS: tuple[str, ...] = ()
     BUFFERS: tuple[str, ...] = ()
 

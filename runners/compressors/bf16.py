@@ -16,6 +16,7 @@ from runners.compressors._cast import CastState, cast_hook
 class BF16State(CastState):
     NAME = "bf16"
     DTYPE = torch.bfloat16
+    TOLERANCE = 1.6e-2  # 8 bits of mantissa
     __slots__ = ()
 
     def __init__(self, process_group=None) -> None:

@@ -77,6 +77,22 @@ class MSTopKState(SparseState):
         self.error: dict[int, torch.Tensor] = {}
         self.generator = None  # band draws; created on the bucket's device at first use
 
+    def state_dict(self) -> dict:
+        """Also the band generator's position (without it a resumed run draws other fill entries; found by
+        `testbed check-compressor mstopk`)."""
+        out = super().state_dict()
+        gen = self.generator
+        out["generator"] = None if gen is None else {"device": str(gen.device), "state": gen.get_state().clone()}
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        saved = state.get("generator")
+        self.generator = None
+        if saved is not None:
+            self.generator = torch.Generator(device=saved["device"])
+            self.generator.set_state(saved["state"].clone())
+
     def thresholds(self, a: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(thres1, thres2) from the sample of ``a`` (step 1)."""
         d = a.numel()

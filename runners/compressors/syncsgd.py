@@ -16,6 +16,8 @@ class SyncSGDState(CompressorState):
     NAME = "syncsgd"
     COLLECTIVE = "allreduce"
     ROUNDS = 1
+    LOSSLESS = True
+    TOLERANCE = 1e-6  # divide-then-sum vs sum-then-divide rounding
     HYPERPARAMS = ("builtin",)
     __slots__ = ("builtin", "dense_bytes")
 

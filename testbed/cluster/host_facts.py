@@ -49,6 +49,16 @@ def main(iface):
             gpus = 0
     out["gpus"] = gpus
     out["nvidia_smi"] = bool(smi)
+    out["driver_version"] = None
+    out["gpu_name"] = None
+    if smi and gpus:
+        try:
+            r = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                               stdout=subprocess.PIPE, timeout=30)
+            first = r.stdout.decode().splitlines()[0].split(",")
+            out["gpu_name"], out["driver_version"] = first[0].strip(), first[1].strip()
+        except Exception:
+            pass
     try:  # versions from package metadata: importing torch costs seconds per host
         from importlib import metadata, util
 

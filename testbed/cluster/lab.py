@@ -268,6 +268,24 @@ def evaluate_facts(
     return problems
 
 
+AGREEING_VERSIONS = (("torch", "torch"), ("cuda", "CUDA"), ("nccl", "NCCL"), ("driver_version", "NVIDIA driver"))
+
+
+def version_disagreements(facts_by_host: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per software version that differs between hosts (torch, CUDA, NCCL, driver). Ranks of one job with
+    mixed NCCL versions hang or fail in ways users cannot debug, so `up` refuses such a cluster. Pure: unit-tested."""
+    out = []
+    for key, what in AGREEING_VERSIONS:
+        seen: dict[str, list[str]] = {}
+        for host, facts in sorted(facts_by_host.items()):
+            seen.setdefault(str(facts.get(key) or "none"), []).append(host)
+        if len(seen) > 1:
+            groups = "; ".join(f"{v} on {', '.join(hosts)}" for v, hosts in sorted(seen.items()))
+            out.append(f"hosts disagree on the {what} version ({groups}); install one version on every host "
+                       "(the provision playbook does, from one checkout)")  # fmt: skip
+    return out
+
+
 # ------------------------------------------------------------------------------------------------- rank processes
 class LabRankProcess(RankProcess):
     """A command started on a lab host with `setsid` (its own session and process group); output in a remote log
@@ -500,8 +518,9 @@ class LabCluster(Cluster):
                 if isinstance(r, TestbedError):
                     raise r
             self._hosts = [
-                Host(name=n, address=s.data_address or found[n], data_iface=s.data_iface, netns=None)
-                for n, s in self.specs.items()
+                Host(name=n, address=s.data_address or found[n], data_iface=s.data_iface, netns=None,
+                     gpus=() if self.allow_cpu else tuple(range(s.gpus)))  # cuda:LOCAL_RANK on the host's own
+                for n, s in self.specs.items()  # fmt: skip
             ]
         return list(self._hosts)
 
@@ -647,7 +666,8 @@ class LabCluster(Cluster):
 
     def check(self, rate_bps: int | None = None) -> dict[str, dict[str, Any]]:
         """Probe every host and raise one line naming every problem: unreachable host, wrong key, unknown host key,
-        missing data interface, Python too old, missing GPUs (unless allow_cpu), NIC slower than `rate_bps`."""
+        missing data interface, Python too old, missing GPUs (unless allow_cpu), NIC slower than `rate_bps`, hosts
+        whose torch/CUDA/NCCL/driver versions disagree."""
         results = self._each(self.probe, list(self.specs))
         problems: list[tuple[type[TestbedError], str]] = []
         for name, r in results.items():
@@ -655,6 +675,8 @@ class LabCluster(Cluster):
                 problems.append((type(r), str(r)))
             else:
                 problems += evaluate_facts(self.specs[name], r, rate_bps=rate_bps, allow_cpu=self.allow_cpu)
+        reached = {n: r for n, r in results.items() if not isinstance(r, TestbedError)}
+        problems += [(ClusterError, m) for m in version_disagreements(reached)]
         if problems:
             kinds = {k for k, _ in problems}
             cls = (
@@ -835,7 +857,10 @@ class LabCluster(Cluster):
                     nic_speed_mbps=f.get("nic_speed_mbps"),
                     python=".".join(map(str, f.get("python", []))),
                     torch=f.get("torch"),
+                    cuda=f.get("cuda"),
                     nccl=f.get("nccl"),
+                    driver=f.get("driver_version"),
+                    gpu_name=f.get("gpu_name"),
                     links={
                         "upload": {"ifname": h.data_iface, **(sh.get("egress") or {})},
                         "download": {"ifname": (sh.get("ingress") or {}).get("ifb"), **ing},

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 from testbed.report import render
@@ -77,29 +78,34 @@ def build_report(
     *,
     baseline: str = "syncsgd",
     profiles: Sequence[pm.Profile] = (),
-    latency_s: float = 50e-6,
-    efficiency: float | str = 1.0,
+    latency_s: float | None = None,
+    efficiency: float | str | None = None,
     hook_blocks_backward: bool = True,
+    calibrations: Sequence[cal.Calibration] = (),
 ) -> ReportResult:
     """Write figures, report.html and summary.md for a results frame. Raises InputError on unusable input.
 
-    `efficiency="auto"` fits it from the communication-bound syncsgd trials (1.0 when there are none).
+    Latency and efficiency: given, else the calibration's for each world size (`calibrations`, picked by
+    calibration.pick_calibration), else the defaults (50 us, 1.0). `efficiency="auto"` fits it from the
+    communication-bound syncsgd trials (1.0 when there are none).
     """
     desc = baseline_description(baseline)
     auto = efficiency == "auto"
-    if not auto and not isinstance(efficiency, int | float):
+    if not auto and efficiency is not None and not isinstance(efficiency, int | float):
         raise InputError(f"efficiency {efficiency!r}: expected a fraction in (0, 1] or 'auto'")
-    pm.Network(1, 1.0, latency_s, 1.0 if auto else efficiency)  # validates latency and efficiency before any work
+    # validates latency and efficiency before any work
+    pm.Network(1, 1.0, latency_s or 0.0, 1.0 if auto or efficiency is None else efficiency)
     ok, notes, counts = check_results(df)
+    s = ModelSettings(latency_s, None if auto else efficiency, hook_blocks_backward, tuple(calibrations))
     if auto:
-        fitted, used = fit_efficiency_from_trials(ok, profiles, latency_s, hook_blocks_backward)
+        fitted, used = fit_efficiency_from_trials(ok, profiles, s)
         if fitted is None:
             efficiency = 1.0
             notes.append("efficiency auto: no communication-bound syncsgd trial with a profile; used 1.0")
         else:
             efficiency = fitted
             notes.append(f"efficiency fitted from {used} syncsgd trial(s): {fitted:.3f}")
-    s = ModelSettings(latency_s, efficiency, hook_blocks_backward)
+        s = ModelSettings(latency_s, efficiency, hook_blocks_backward, tuple(calibrations))
     agg = aggregate(ok)
     sp, sp_notes = speedup_table(agg, baseline)
     notes += sp_notes
@@ -142,14 +148,18 @@ def build_report(
             "predicted",
             "measured_bps",
             "predicted_bps",
+            "predicted/measured",
+            "verdict",
         ],
     )
     matrix.to_csv(out / "speedups.csv", index=False)
     errors.to_csv(out / "prediction_error.csv", index=False)
     crossovers.to_csv(out / "crossovers.csv", index=False)
     status_line = f"{sum(counts.values())} trial(s): " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    world_sizes = sorted({int(w) for w in ok["world_size"].unique()})
+    terms = "; ".join(f"{w} workers: {s.terms(w).describe()}" for w in world_sizes)
     settings = (
-        f"model settings: latency {latency_s * 1e6:.0f} us (+ per-trial delay), efficiency {efficiency:.3g}, "
+        f"model settings (+ per-trial delay on the latency): {terms}; "
         f"hooks {'block' if hook_blocks_backward else 'overlap'} backward; "
         f"profiles used: {', '.join(sorted({f'{p.model} bs{p.batch_size} ({p.device})' for p in profiles})) or 'none'}"
     )
@@ -218,4 +228,6 @@ def report_from_dir(
 ) -> ReportResult:
     baseline_description(baseline)
     profiles = pm.find_profiles(profiles_dir) if profiles_dir else []
+    if "calibrations" not in kwargs:
+        kwargs["calibrations"] = cal.find_calibrations(profiles_dir)
     return build_report(load_results_dir(results_dir), out_dir, baseline=baseline, profiles=profiles, **kwargs)

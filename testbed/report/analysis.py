@@ -8,16 +8,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from shaping.units import format_rate
+from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 2 only added columns (placement, overlap, peer skew, GPU versions)
 REQUIRED_COLUMNS = (
     "schema_version",
     "trial_id",
@@ -96,17 +98,18 @@ def check_results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict[str, 
         raise InputError(f"results: missing column(s) {', '.join(missing)}; expected results schema {SCHEMA_VERSION}")
     notes: list[str] = []
     versions = sorted({int(v) for v in df["schema_version"].dropna().unique()})
-    if SCHEMA_VERSION not in versions:
+    readable = ", ".join(map(str, READABLE_VERSIONS))
+    if not set(versions) & set(READABLE_VERSIONS):
         raise InputError(
             f"results: schema_version {', '.join(map(str, versions)) or 'missing'} is not supported; "
-            f"this report reads version {SCHEMA_VERSION}"
+            f"this report reads versions {readable}"
         )
-    if len(versions) > 1:
-        other = df["schema_version"] != SCHEMA_VERSION
+    other = ~df["schema_version"].isin(READABLE_VERSIONS)
+    if other.any():
         notes.append(
             f"{int(other.sum())} trial(s) with schema_version "
-            f"{', '.join(str(v) for v in versions if v != SCHEMA_VERSION)} skipped "
-            f"(mixed schema versions; this report reads version {SCHEMA_VERSION})"
+            f"{', '.join(str(v) for v in versions if v not in READABLE_VERSIONS)} skipped "
+            f"(this report reads versions {readable})"
         )
         df = df[~other]
     counts = {str(k): int(v) for k, v in df["status"].value_counts().items()}
@@ -155,6 +158,7 @@ def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
             trials=("trial_id", "count"),
             samples_per_s=("samples_per_s", "median"),
             delay_s=("delay_s", "median"),
+            goodput_bps=("measured_goodput_bps", "median"),
             **{c: (c, "mean") for c in PHASE_COLUMNS},
         )
         .reset_index()
@@ -218,14 +222,86 @@ def describe_crossover(kind: str, b: float | None) -> str:
 # --------------------------------------------------------------------------------------------- predictions
 @dataclass(frozen=True)
 class ModelSettings:
-    latency_s: float = 50e-6
-    efficiency: float = 1.0
+    """How the report predicts: latency / efficiency given on the command line (None: the calibration's, else the
+    defaults), the hook mode, and the calibrations to pick from per world size (calibration.pick_calibration)."""
+
+    latency_s: float | None = None
+    efficiency: float | None = None
     hook_blocks_backward: bool = True
+    calibrations: tuple[cal.Calibration, ...] = ()
+
+    def terms(self, world_size: int) -> cal.ModelTerms:
+        picked = cal.pick_calibration(self.calibrations, int(world_size))
+        return cal.model_terms(picked, latency_s=self.latency_s, efficiency=self.efficiency)
+
+
+def _delay(delay_s) -> float:
+    return 0.0 if delay_s is None or (isinstance(delay_s, float) and math.isnan(delay_s)) else float(delay_s)
 
 
 def network(ws: int, bps: float, delay_s: float, s: ModelSettings) -> pm.Network:
-    d = 0.0 if delay_s is None or (isinstance(delay_s, float) and math.isnan(delay_s)) else float(delay_s)
-    return pm.Network(int(ws), float(bps), s.latency_s + d, s.efficiency)
+    return s.terms(ws).network(int(ws), float(bps), _delay(delay_s))
+
+
+def crossover_kwargs(ws: int, delay_s: float, s: ModelSettings) -> dict[str, float | None]:
+    """The collective terms of `pm.crossover` for a group of `ws` workers (trial delay added to the latency)."""
+    t = s.terms(ws)
+    return {
+        "latency_s": t.latency_s + _delay(delay_s),
+        "efficiency": t.efficiency,
+        "host_s_per_wire_byte": t.host_s_per_wire_byte,
+        "reduce_s_per_byte": t.reduce_s_per_byte,
+        "allgather_efficiency": t.allgather_efficiency,
+    }
+
+
+def effective_rate(rate_bps: float, goodput_bps: float | None) -> float:
+    """The rate a point stands at: the shaped rate, or for an unshaped trial its measured (iperf3) goodput; 0 when
+    neither is known (the point then takes no part in a crossover)."""
+    if rate_bps and rate_bps > 0:
+        return float(rate_bps)
+    if goodput_bps is None or (isinstance(goodput_bps, float) and math.isnan(goodput_bps)):
+        return 0.0
+    return float(goodput_bps)
+
+
+AGREE_LOW, AGREE_HIGH = 0.75, 1.33
+
+
+def crossover_verdict(
+    measured_kind: str,
+    measured_bps: float | None,
+    predicted_kind: str | None,
+    predicted_bps: float | None,
+    low_bps: float,
+    high_bps: float,
+) -> tuple[float | None, str]:
+    """(predicted / measured crossover, verdict) for one compressor; [low, high] is the measured range.
+
+    A measured "always" or "never" means no crossing in the measured range: the model agrees when it also has none
+    there (its crossover, if any, lies outside the range on the right side). Two crossovers agree when their ratio
+    is within 0.75-1.33."""
+    if predicted_kind is None:
+        return None, "no prediction (no profile)"
+    if measured_kind == "n/a":
+        return None, "n/a (fewer than two measured rates)"
+    inside = predicted_kind == "crossover" and predicted_bps is not None and low_bps <= predicted_bps <= high_bps
+    if measured_kind == "crossover":
+        if predicted_kind != "crossover" or predicted_bps is None:
+            return None, f"disagrees: measured crossover, model says {predicted_kind} faster"
+        ratio = predicted_bps / measured_bps
+        if AGREE_LOW <= ratio <= AGREE_HIGH:
+            return ratio, f"agrees within {AGREE_LOW}-{AGREE_HIGH} ({ratio:.2f})"
+        return ratio, f"disagrees: predicted / measured {ratio:.2f}"
+    what = "faster" if measured_kind == "always" else "slower"
+    if inside:
+        return None, (
+            f"disagrees: never in the measured range (always {what}), model crosses at {pm.rate_text(predicted_bps)}"
+        )
+    if predicted_kind in (measured_kind, "crossover"):
+        beyond = f", model crosses at {pm.rate_text(predicted_bps)}" if predicted_kind == "crossover" else ""
+        return None, f"agrees: never in the measured range (always {what}){beyond}"
+    return None, f"disagrees: measured always {what}, model always {'slower' if what == 'faster' else 'faster'}"
 
 
 def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings) -> pd.DataFrame:
@@ -274,7 +350,7 @@ def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: Model
 
 
 def fit_efficiency_from_trials(
-    ok: pd.DataFrame, profiles: Sequence[pm.Profile], latency_s: float, hook_blocks_backward: bool = True
+    ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings
 ) -> tuple[float | None, int]:
     """Efficiency that makes predicted syncsgd iteration times match the measured ones (median over trials).
 
@@ -282,7 +358,7 @@ def fit_efficiency_from_trials(
     the iteration), so compute noise does not masquerade as bandwidth. Returns (efficiency or None, trials used).
     """
     fits = []
-    s1 = ModelSettings(latency_s, 1.0, hook_blocks_backward)
+    s1 = replace(s, efficiency=1.0)
     picked = ok[(ok["variant"] == "syncsgd") & (ok["rate_bps"] > 0)]
     for _, r in picked.iterrows():
         prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]))
@@ -290,7 +366,7 @@ def fit_efficiency_from_trials(
             continue
 
         def t(eff: float, r=r, prof=prof) -> float:
-            net = network(r["world_size"], r["rate_bps"], r["delay_s"], ModelSettings(latency_s, eff))
+            net = network(r["world_size"], r["rate_bps"], r["delay_s"], replace(s, efficiency=eff))
             return pm.predict_iteration(prof, "syncsgd", net, hook_blocks_backward=s1.hook_blocks_backward).iter_time_s
 
         full = pm.predict_iteration(prof, "syncsgd", network(r["world_size"], r["rate_bps"], r["delay_s"], s1))

@@ -21,7 +21,10 @@ from testbed.report.analysis import (  # noqa: E402
     base_compressor,
     baseline_description,
     counted_variants,
+    crossover_kwargs,
+    crossover_verdict,
     describe_crossover,
+    effective_rate,
     fmt_rate,
     group_label,
     is_serial,
@@ -117,7 +120,9 @@ def plot_time_vs_bandwidth(
             )
         if v not in counted_variants([v], baseline):
             continue
-        mk, mb = measured_crossover(list(d["rate_bps"]), list(d["speedup"]))
+        rates = [effective_rate(r, gp) for r, gp in zip(d["rate_bps"], d["goodput_bps"], strict=True)]
+        mk, mb = measured_crossover(rates, list(d["speedup"]))
+        measured_range = [r for r, sp in zip(rates, d["speedup"], strict=True) if r > 0 and sp > 0]
         row = {
             "model": model,
             "batch_size": int(bs),
@@ -127,7 +132,10 @@ def plot_time_vs_bandwidth(
             "measured_bps": mb,
             "predicted": "no profile",
             "predicted_bps": None,
+            "predicted/measured": None,
+            "verdict": "no prediction (no profile)",
         }
+        pkind = None
         if mb:
             ax_t.axvline(mb, color=colors[v], linestyle=":", linewidth=1.5)
             ax_s.axvline(mb, color=colors[v], linestyle=":", linewidth=1.5)
@@ -142,10 +150,10 @@ def plot_time_vs_bandwidth(
                 lo_bps,
                 hi_bps,
                 baseline=baseline,
-                latency_s=s.latency_s + delay,
-                efficiency=s.efficiency,
                 hook_blocks_backward=s.hook_blocks_backward,
+                **crossover_kwargs(int(ws), delay, s),
             )
+            pkind = pc.kind
             row["predicted"] = (
                 pc.describe()
                 if pc.kind == "crossover"
@@ -155,6 +163,13 @@ def plot_time_vs_bandwidth(
             if pc.bandwidth_bps and grid[0] <= pc.bandwidth_bps <= grid[-1]:
                 ax_t.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
                 ax_s.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
+        if is_serial(v):
+            row["verdict"] = "n/a (serial)"
+        elif measured_range:
+            ratio, verdict = crossover_verdict(
+                mk, mb, pkind, row["predicted_bps"], min(measured_range), max(measured_range)
+            )
+            row["predicted/measured"], row["verdict"] = ratio, verdict
         cx_rows.append(row)
     ax_s.axhline(1.0, color="black", linewidth=1)
     sp_vals = g["speedup"].dropna()
@@ -287,4 +302,51 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
         f"{group_label(model, bs, ws)}: exposed time per phase (measured; stacks add up to the iteration)", fontsize=10
     )
     _legend(axes[-1], *axes)
+    return _save(fig, path)
+
+
+def plot_calibration(calibration, path: Path) -> Path:
+    """`testbed calibrate`'s figure: measured busbw per message size of each collective (nccl-tests style) with the
+    fitted model's curve, and the host (CPU) time per collective beside its wall time."""
+    from testbed.calibration import bus_factor
+
+    c = calibration
+    f = c.fitted
+    p = c.world_size
+    fig = Figure(figsize=(11, 4.2))
+    ax_bw, ax_t = fig.subplots(1, 2)
+    fits = {"allreduce": f.allreduce_fit, "allgather": f.allgather_fit}
+    for i, coll in enumerate(("allreduce", "allgather")):
+        ss = sorted((s for s in c.samples if s.collective == coll), key=lambda s: s.n_bytes)
+        if not ss:
+            continue
+        xs = np.array([s.n_bytes for s in ss], dtype=float)
+        color = _COLORS[i]
+        ax_bw.plot(xs, [s.busbw_bps / 1e9 for s in ss], "o", color=color, label=f"{coll} measured busbw")
+        grid = np.geomspace(xs.min(), xs.max(), 50)
+        model_t = fits[coll].intercept + fits[coll].slope * grid
+        ax_bw.plot(grid, 8 * grid / model_t * bus_factor(coll, p) / 1e9, "-", color=color, label=f"{coll} fit")
+        ax_t.plot(xs, [s.wall_s * 1e3 for s in ss], "o-", color=color, label=f"{coll} wall")
+        ax_t.plot(xs, [s.cpu_s * 1e3 for s in ss], "x--", color=color, label=f"{coll} host CPU")
+    if c.rate_bps:
+        ax_bw.axhline(c.rate_bps / 1e9, color="#7f7f7f", ls=":", label=f"shaped rate {fmt_rate(c.rate_bps)}")
+    ax_bw.set_xscale("log")
+    ax_bw.set_xlabel("message size (bytes)")
+    ax_bw.set_ylabel("busbw (Gbit/s)")
+    ax_bw.set_title(
+        f"alpha {f.latency_s * 1e6:.3g} us, B_ar {fmt_rate(f.bandwidth_bps)}, B_ag {fmt_rate(f.allgather_bandwidth_bps)}",
+        fontsize=9,
+    )
+    ax_t.set_xscale("log")
+    ax_t.set_yscale("log")
+    ax_t.set_xlabel("message size (bytes)")
+    ax_t.set_ylabel("time per collective (ms)")
+    ax_t.set_title(
+        f"host cost k {f.host_s_per_wire_byte * 1e9:.3g} ns/B wire, gamma {f.reduce_s_per_byte * 1e9:.3g} ns/B reduced",
+        fontsize=9,
+    )
+    for ax in (ax_bw, ax_t):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"calibration: cluster {c.cluster}, {c.backend}, {p} ranks", fontsize=10)
     return _save(fig, path)

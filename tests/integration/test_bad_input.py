@@ -38,6 +38,22 @@ NO_CLUSTER = [
     (["run", "--bw", "100mbit", "--error-feedback", "maybe"], "expected on or off"),
     (["sweep", "--bw", "1gbit", "--compressor", "powersgd", "--world-size", "2", "--rank", "0"], "rank 0"),
     (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2", "--ratio", "0.1"], "applies to no"),
+    # plugin compressors (MODULE:FACTORY): checked in a subprocess that imports the plugin, before anything starts
+    (["run", "--bw", "100mbit", "--compressor", "nosuchmod:make", "--plugin-path", "{w}/plug"], "no module named 'nosuchmod'"),
+    (["run", "--bw", "100mbit", "--compressor", "good:nothere", "--plugin-path", "{w}/plug"], "has no factory 'nothere'"),
+    (["run", "--bw", "100mbit", "--compressor", "good:raises", "--plugin-path", "{w}/plug"], "the factory raised RuntimeError: boom"),
+    (["run", "--bw", "100mbit", "--compressor", "good:wrong", "--plugin-path", "{w}/plug"], "expected a (state, hook) tuple"),
+    (["run", "--bw", "100mbit", "--compressor", "good:make", "--plugin-path", "{w}/plug", "--opt", "ratio=7"], "good ratio 7 is outside"),
+    (["run", "--bw", "100mbit", "--compressor", "good:", "--plugin-path", "{w}/plug"], "is not MODULE:FACTORY"),
+    (["run", "--bw", "100mbit", "--compressor", "good:make", "--plugin-path", "{w}/nowhere"], "nowhere: no such directory"),
+    (["run", "--bw", "100mbit", "--plugin-path", "{w}/plug"], "--plugin-path applies to MODULE:FACTORY"),
+    (["run", "--bw", "100mbit", "--compressor", "good:make", "--opt", "ratio"], "--opt 'ratio': expected KEY=VALUE"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd,good:raises", "--world-size", "2", "--plugin-path", "{w}/plug"], "boom"),
+    (["sweep", "--config", "{w}/plugin-bad-option.toml"], "good ratio 7 is outside"),
+    (["profile", "--model", "mlp", "--compressors", "good:wrong", "--plugin-path", "{w}/plug"], "expected a (state, hook)"),
+    (["check-compressor", "nosuchmod:make"], "no module named 'nosuchmod'"),
+    (["check-compressor", "good:raises", "--plugin-path", "{w}/plug"], "boom"),
+    (["check-compressor", "zip"], "unknown compressor 'zip'"),
     # trial values checked too late before
     (["run", "--bw", "100mbit", "--bucket-cap-mb", "nan"], "--bucket-cap-mb nan"),
     (["run", "--bw", "100mbit", "--bucket-cap-mb", "0"], "--bucket-cap-mb 0"),
@@ -123,6 +139,19 @@ NO_CLUSTER = [
     (["profile", "--model", "mlp", "--image-size", "0"], "--image-size 0"),
     (["profile", "--model", "mlp", "--bucket-cap-mb", "nan"], "--bucket-cap-mb nan"),
     (["profile", "--model", "mlp", "--threads", "-1"], "--threads -1"),
+    # calibrate: checked before the cluster is looked up
+    (["calibrate", "--sizes", "1mb"], "at least 2 distinct message sizes"),
+    (["calibrate", "--sizes", "16kb,2gb"], "outside 1 KB..1 GB"),
+    (["calibrate", "--sizes", "16kb,lots"], "--sizes"),
+    (["calibrate", "--sizes", ""], "--sizes '': empty"),
+    (["calibrate", "--reps", "0"], "--reps 0"),
+    (["calibrate", "--timeout", "nan"], "--timeout nan"),
+    (["calibrate", "--world-size", "1"], "at least 2 ranks"),
+    (["calibrate", "--bw", "9gbps"], "ambiguous unit"),
+    (["calibrate", "--out", "{w}/afile"], "is a file"),
+    (["calibrate"], "no cluster named"),
+    (["predict", "--model", "mlp", "--calibration", "{w}/nope.json"], "--calibration"),
+    (["report", "{w}/store", "--calibration", "{w}/nope.json"], "--calibration"),
     # output paths: a file where a directory is needed, a missing parent, not writable
     (["run", "--bw", "100mbit", "--out", "{w}/afile"], "is a file"),
     (["run", "--bw", "100mbit", "--out", "{w}/no/such/dir"], "parent directory"),
@@ -138,8 +167,7 @@ NO_CLUSTER = [
     (["report", "{w}/store", "--out", "{w}/afile"], "is a file"),
     (["report", "{w}/store", "--out", "{w}/no/such/dir"], "parent directory"),
     (["report", "{w}/store", "--out", "/proc/testbed-report"], "cannot write"),
-    # the results store keeps an ok measurement: `run` of a stored trial needs --rerun
-    (["run", "--bw", "100mbit", "--out", "{w}/store"], "add --rerun"),
+    # (a stored-ok trial is refused once the cluster is known: its id is that of the trial resolved for the hosts)
     # run/sweep never bring a cluster up (nothing would take it down)
     (["run", "--bw", "100mbit", "--rerun", "--out", "{w}/store"], "`testbed up --name"),
     (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2"], "`testbed up --name"),
@@ -173,12 +201,12 @@ SHAPING_CLI_RATES = [  # `python -m shaping apply` reads a rate too: empty is re
 
 # ------------------------------------------------------------------------------------------- on a live cluster
 ON_CLUSTER = [
-    (["run", "--bw", "100mbit", "--world-size", "5"], "larger than cluster"),
+    (["run", "--bw", "100mbit", "--world-size", "5"], "needs 5 hosts; the cluster has 2"),
     (["run", "--bw", "100mbit", "--compressor", "topk", "--ratio", "0"], "topk ratio 0.0 is outside (0, 1]"),
     (["run", "--bw", "100mbit", "--image-size", "0"], "--image-size 0"),
     (["run", "--bw", "100mbit", "--out", "{w}/store"], "add --rerun"),
-    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2,5"], "larger than cluster"),
-    (["sweep", *GRID_50, "--world-size", "2,3"], "more than 50 trials need --yes"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2,5"], "needs 5 hosts; the cluster has 2"),
+    (["sweep", *GRID_50, "--world-size", "1,2"], "more than 50 trials need --yes"),
     (["shape", "--bw", "1gbit", "--hosts", "h0,h9"], "unknown host 'h9'"),
     (["shape", "--bw", "0"], "out of range"),
     (["probe", "--pairs", "h0:h9"], "unknown host 'h9'"),
@@ -199,10 +227,25 @@ def _write_inputs(w: Path, stored_name: str) -> None:
     (w / "bad-option.toml").write_text(head + "[sweep.options.powersgd]\nrank = 0\n")
     (w / "empty-rate.toml").write_text(head.replace('["100mbit"]', '["100mbit", ""]'))
     (w / "nan-bucket.toml").write_text(head + "bucket_cap_mb = nan\n")
+    plug = w / "plug"
+    plug.mkdir()
+    (plug / "good.py").write_text(
+        "def make(process_group=None, ratio=0.1):\n"
+        "    if not 0 < ratio <= 1:\n        raise ValueError(f'good ratio {ratio} is outside (0, 1]')\n"
+        "    return object(), lambda state, bucket: None\n"
+        "def raises(process_group=None):\n    raise RuntimeError('boom')\n"
+        "def wrong(process_group=None):\n    return 42\n"
+    )
+    (w / "plugin-bad-option.toml").write_text(
+        '[sweep]\nbw = ["100mbit"]\ncompressor = ["good:make"]\nworld_size = [2]\nplugin_path = "plug"\n'
+        '[sweep.options."good:make"]\nratio = 7\n'
+    )
     # a results store holding an ok trial: `run --bw 100mbit` (all defaults, 2 ranks) on cluster `stored_name`
     from testbed.results import ResultsStore
 
-    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=stored_name)
+    # as `run` resolves it on a CPU cluster: gloo, one rank per host
+    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=stored_name,
+                  backend="gloo", ranks_per_host=1)  # fmt: skip
     ResultsStore(w / "store").append(
         {"trial_id": trial.trial_id, "status": "ok", "started_at": "2025-01-01T00:00:00+00:00", "model": "resnet18",
          "compressor": "syncsgd", "compressor_options": "{}", "world_size": 2, "rate_bps": 100_000_000,
@@ -258,7 +301,8 @@ def shared_cluster(env, work):
     name = "t" + random_suffix()
     from testbed.results import ResultsStore
 
-    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=name)
+    trial = Trial(compressor="syncsgd", rate_bps=parse_rate_bps("100mbit"), world_size=2, cluster=name,
+                  backend="gloo", ranks_per_host=1)  # fmt: skip
     ResultsStore(work / "store").append({"trial_id": trial.trial_id, "status": "ok", "compressor": "syncsgd"})
     try:
         done = _cli(env, work, "up", "--name", name, "--hosts", "2", "--bw", "1gbit")
@@ -274,7 +318,7 @@ def _cli(env: dict[str, str], cwd: Path, *args: str, module: str = "testbed.cli"
     )
 
 
-NAMELESS = ("results", "report", "profile", "predict")  # commands without --name
+NAMELESS = ("results", "report", "profile", "predict", "check-compressor")  # commands without --name
 
 
 def _argv(argv: list[str], work: Path, name: str) -> list[str]:

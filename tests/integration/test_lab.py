@@ -399,7 +399,8 @@ def test_short_training_through_lab_backend(lab, cluster, tmp_path):
 
 def test_cli_up_status_down_with_inventory(lab, tmp_path):
     """`testbed up --inventory` (no provision), `status --json`, `exec`, `run` (launcher over SSH), `down`."""
-    env = {**os.environ, "TESTBED_STATE_DIR": str(tmp_path / "state")}
+    # a secret in the controller's environment must never reach a host's command line or a rank
+    env = {**os.environ, "TESTBED_STATE_DIR": str(tmp_path / "state"), "TB_TEST_SECRET_TOKEN": "s3cret-lab"}
     name = f"tbl{lab.suffix}"
     inv = lab.write_inventory("cli.yml")
 
@@ -433,6 +434,8 @@ def test_cli_up_status_down_with_inventory(lab, tmp_path):
             "--bw",
             "200mbit",
             "--world-size",
+            "4",
+            "--ranks-per-host",
             "2",
             "--out",
             str(tmp_path / "results"),
@@ -441,6 +444,20 @@ def test_cli_up_status_down_with_inventory(lab, tmp_path):
         )
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
         assert "200mbit / " in run.stdout  # requested / measured goodput of the trial's probe
+        assert "4 ranks" in run.stdout  # 2 hosts x 2 ranks
+        rows = json.loads(cli("results", str(tmp_path / "results"), "--json").stdout)
+        assert [(r["host_count"], r["ranks_per_host"], r["world_size"]) for r in rows] == [(2, 2, 4)]
+        # what reaches a rank over SSH: the allowlist and the named --env, never the controller's secret
+        dump = cli("run", "--name", name, "--bw", "none", "--no-probe", "--world-size", "2", "--out",
+                   str(tmp_path / "envs"), "--runner-module", "tests.integration.fault_runner", "--env",
+                   "TESTBED_FAULT=dumpenv", "--env", "MY_SETTING=42", "--model", "mlp", "--iters", "1")  # fmt: skip
+        assert dump.returncode == 0, dump.stdout[-2000:] + dump.stderr[-2000:]
+        seen = [json.loads(p.read_text()) for p in sorted((tmp_path / "envs").rglob("env-rank*.json"))]
+        assert len(seen) == 2
+        for e in seen:
+            assert "TB_TEST_SECRET_TOKEN" not in e and "s3cret-lab" not in json.dumps(e)
+            assert e["MY_SETTING"] == "42" and e["GLOO_SOCKET_IFNAME"] == "data0"
+            assert e.get("TESTBED_STATE_DIR") is None  # nor the controller's own settings
         shown = json.loads(cli("status", "--name", name, "--json").stdout)
         assert all(h["links"]["upload"]["rate_bps"] == 100_000_000 for h in shown["hosts"])  # up's shape is back
     bad = cli("up", "--name", name + "x", "--inventory", str(inv), "--no-provision", "--bw", "20gbit")

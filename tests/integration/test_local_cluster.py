@@ -232,3 +232,14 @@ def test_failed_up_rolls_back_everything(testbed_cli, state_dir, cluster_name):
     assert "netem" in one_line(done.stderr)
     assert cluster_netns(cluster_name) == []
     assert not (state_dir / "clusters" / f"{cluster_name}.json").exists()
+
+
+def test_status_all_reports_a_broken_cluster_beside_the_others(make_cluster, testbed_cli):
+    """A recorded cluster whose namespace was deleted by hand is named (exit 1) and does not hide the healthy one."""
+    broken, fine = make_cluster(2), make_cluster(2)
+    subprocess.run(["ip", "netns", "del", f"tb-{broken}-h1"], check=True)
+    done = testbed_cli("status", "--all", "--json")
+    assert done.returncode == 1, done.stderr
+    data = {d["name"]: d for d in json.loads(done.stdout)}
+    assert data[broken]["broken"] and f"testbed down --name {broken}" in data[broken]["error"]
+    assert [h["name"] for h in data[fine]["hosts"]] == ["h0", "h1"]

@@ -211,3 +211,30 @@ def test_roles_document_prefixed_variables():
             assert lines[i - 1].startswith("#") or lines[i - 1].split(":")[0] in names, n
         for sub in ("defaults", "tasks", "handlers", "meta"):
             assert (REPO / "ansible" / "roles" / role / sub / "main.yml").exists()
+
+
+def test_hosts_whose_versions_disagree_are_named():
+    from testbed.cluster.lab import version_disagreements
+
+    same = {"torch": "2.14.1", "cuda": "13.0", "nccl": "2.27.3", "driver_version": "580.65"}
+    assert version_disagreements({"gpu01": same, "gpu02": dict(same)}) == []
+    lines = version_disagreements({"gpu01": same, "gpu02": {**same, "nccl": "2.21.5"}, "gpu03": dict(same)})
+    assert lines == [
+        "hosts disagree on the NCCL version (2.21.5 on gpu02; 2.27.3 on gpu01, gpu03); install one version on every "
+        "host (the provision playbook does, from one checkout)"
+    ]
+    # a host without a driver beside hosts with one is a disagreement too (a CPU host in a GPU job)
+    assert "NVIDIA driver" in version_disagreements({"a": same, "b": {**same, "driver_version": None}})[0]
+
+
+def test_lab_hosts_carry_their_inventory_gpus_unless_cpu_is_allowed(tmp_path):
+    from testbed.cluster.lab import LabCluster
+
+    inv = tmp_path / "inv.yml"
+    inv.write_text(
+        "all:\n  children:\n    testbed:\n      hosts:\n        g1: {ansible_host: 192.0.2.1, testbed_data_address: "
+        "198.51.100.1}\n      vars: {testbed_data_iface: ens3, testbed_gpus_per_host: 8, ansible_ssh_common_args: "
+        "'-o UserKnownHostsFile=/dev/null'}\n"
+    )
+    assert LabCluster.from_inventory(inv).hosts()[0].gpus == tuple(range(8))
+    assert LabCluster.from_inventory(inv, allow_cpu=True).hosts()[0].gpus == ()

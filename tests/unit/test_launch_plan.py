@@ -177,3 +177,17 @@ def test_the_rank_parses_exactly_what_the_launcher_built():
     assert (args.backend, args.iface, args.bucket_cap_mb, args.threads, args.out) == ("gloo", "eth0", 12.5, 1, "/tmp/out")
     env = RankEnv.from_environ(r.env)
     assert (env.rank, env.local_rank, env.local_world_size, env.group_rank, env.world_size) == (3, 1, 2, 1, 4)
+
+
+def test_the_ssh_command_line_of_a_lab_rank_carries_only_the_plan():
+    """What `ps` shows on a lab host: the rank's argv and its allowlisted environment, nothing of the controller's."""
+    from testbed.cluster.ssh import detached_command_line
+
+    _, p = make_plan(Trial("powersgd", None, 2, backend="nccl"), gpu_hosts(2, 1))
+    r = p.ranks[1]
+    line = detached_command_line(["/opt/testbed/venv/bin/python", *r.argv], env=dict(r.env), cwd="/opt/testbed/src",
+                                 log_path="/tmp/l", pid_path="/tmp/p", rc_path="/tmp/r", marker="TOKEN=x")  # fmt: skip
+    for secret in ("ghp_secret", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "/controller/bin", "/controller/lib"):
+        assert secret not in line
+    assert "NCCL_SOCKET_IFNAME==ens3" in line and "RANK=1" in line
+    assert "CUDA_VISIBLE_DEVICES" not in line  # the host's own devices apply

@@ -219,3 +219,32 @@ def test_predict_rejects_compressor_missing_from_profile(tmp_path):
     (tmp_path / "m.json").write_text(json.dumps(d))
     with pytest.raises(InputError, match="topk not in profile"):
         run(["predict", "--profile", str(tmp_path / "m.json"), "--compressors", "topk"])
+
+
+def test_predict_uses_a_calibration_and_says_which(tmp_path, profile_file, capsys):
+    from test_calibration import synthetic_bench
+
+    from testbed import calibration as cal
+
+    c = cal.calibration_from_bench(synthetic_bench(4, 200e-6, 0.8e9, 0.5e9, 2e-9, 1e-9), cluster="lab", rate_bps=10**9)
+    (tmp_path / "profiles").mkdir()
+    path = tmp_path / "profiles" / cal.calibration_filename("lab", "gloo", 4, 10**9)
+    path.write_text(json.dumps(cal.calibration_to_dict(c)))
+    argv = ["predict", "--profile", str(profile_file), "--world-size", "4", "--bw", "10gbit", "--json"]
+    assert run([*argv, "--profiles", str(tmp_path / "profiles")]) == 0  # auto: the stored one
+    data = json.loads(capsys.readouterr().out)
+    assert data["calibration"].startswith("calibration " + path.name)
+    assert data["latency_s"] == pytest.approx(200e-6) and data["efficiency"] == pytest.approx(0.8)
+    assert data["allgather_efficiency"] == pytest.approx(0.5)
+    assert data["host_s_per_wire_byte"] == pytest.approx(2e-9) and data["reduce_s_per_byte"] == pytest.approx(1e-9)
+    net = pm.Network(4, 1e10, 200e-6, 0.8, 2e-9, 1e-9, 0.5)
+    prof = pm.load_profile(profile_file)
+    expect = pm.predict_iteration(prof, "syncsgd", net, hook_blocks_backward=True).iter_time_s
+    assert data["compressors"]["syncsgd"]["iter_time_s"][0] == pytest.approx(expect)
+    assert run([*argv, "--calibration", "none"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "defaults" in data["calibration"] and data["host_s_per_wire_byte"] == 0.0
+    assert run(["predict", "--profile", str(profile_file), "--calibration", str(path), "--bw", "1gbit"]) == 0
+    assert "calibration " + path.name in capsys.readouterr().out.replace("\n", "")
+    with pytest.raises(InputError, match="--calibration"):
+        run(["predict", "--profile", str(profile_file), "--calibration", str(tmp_path / "nope.json")])

@@ -241,8 +241,8 @@ def test_bad_inputs(tmp_path):
     df = synthetic_frame()
     with pytest.raises(InputError, match="no trial with status ok"):
         build_report(df.assign(status="failed"), tmp_path)
-    with pytest.raises(InputError, match="schema_version 2 is not supported"):
-        build_report(df.assign(schema_version=2), tmp_path)
+    with pytest.raises(InputError, match="schema_version 3 is not supported"):
+        build_report(df.assign(schema_version=3), tmp_path)
     with pytest.raises(InputError, match="expected one of syncsgd, fp16, bf16"):
         build_report(df, tmp_path, baseline="topk")
     with pytest.raises(InputError, match="does not exist"):
@@ -254,9 +254,9 @@ def test_bad_inputs(tmp_path):
 
 def test_mixed_schema_versions_are_noted(tmp_path):
     df = synthetic_frame(world_sizes=(2,))
-    df.loc[df.index[:3], "schema_version"] = 2
+    df.loc[df.index[:3], "schema_version"] = 3  # a future store's rows: skipped and said; 1 and 2 both read
     res = build_report(df, tmp_path)
-    assert any("mixed schema versions" in n and "3 trial(s)" in n for n in res.notes)
+    assert any("schema_version 3 skipped" in n and "3 trial(s)" in n for n in res.notes)
 
 
 def test_report_from_parquet_dir_with_profiles(tmp_path):
@@ -314,3 +314,21 @@ def test_serial_trials_are_their_own_variant_and_predicted_without_overlap(tmp_p
         pm.predict_iteration(pm.serialized(prof), "syncsgd", net).iter_time_s
         > pm.predict_iteration(prof, "syncsgd", net).iter_time_s
     )
+
+
+def test_report_names_its_calibration_and_gives_crossover_verdicts(tmp_path):
+    from test_calibration import synthetic_bench
+
+    from testbed import calibration as cal
+
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict("resnet18", 32))
+    c = cal.calibration_from_bench(synthetic_bench(4, 80e-6, 0.9e9, 0.9e9, 1e-9, 0.0), cluster="lab", rate_bps=10**9)
+    res = build_report(synthetic_frame(), tmp_path / "with", profiles=[prof], calibrations=[c])
+    md = (tmp_path / "with" / "summary.md").read_text()
+    assert "calibration cluster lab" in md and "host cost 1 ns/B" in md
+    cx = res.tables["crossovers"]
+    assert {"predicted/measured", "verdict"} <= set(cx.columns)
+    assert cx["verdict"].str.match(r"^(agrees|disagrees|n/a|no prediction)").all()
+    assert "verdict" in md
+    res = build_report(synthetic_frame(), tmp_path / "without", profiles=[prof])
+    assert "defaults (no calibration" in (tmp_path / "without" / "summary.md").read_text()

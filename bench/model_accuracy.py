@@ -1,0 +1,127 @@
+"""Accuracy of the performance model against measurement, as a user would check it (issue 13).
+
+For each host count: `testbed up`, `testbed calibrate` (at --calibrate-bw), `testbed profile --threads <per rank>`
+for each model, one `testbed sweep` over rates x compressors x models, then `testbed report` with the profiles and
+the calibration. Prints, as Markdown: the calibration, the crossover table (measured / predicted, ratio, verdict) and
+the per-trial prediction error (median and worst per compressor, then every trial).
+
+    python bench/model_accuracy.py                    # full: resnet18 + cnn, 2 and 4 hosts, 100mbit..unshaped,
+                                                      # every compressor (hours: run it on a quiet machine)
+    python bench/model_accuracy.py --quick            # resnet18, 2 hosts, 4 rates, 4 compressors
+    python bench/model_accuracy.py --models mlp --hosts 2 --bw 200mbit,none --compressors syncsgd,fp16 --iters 2
+
+Targets (issue 13): predicted / measured crossover within 0.75-1.33 for every compressor that crosses inside the
+measured range, "never" where the measurement says never; median per-trial error <= 5 %, worst <= 15 %.
+Needs root. Uses its own cluster name and removes it; results and report go to --out (default: a temporary folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+NAME = "bmodel"
+FULL = {
+    "models": "resnet18,cnn",
+    "hosts": "2,4",
+    "bw": "100mbit,200mbit,500mbit,1gbit,2gbit,5gbit,none",
+    "compressors": "syncsgd,fp16,bf16,powersgd,acpsgd,signsgd,topk,mstopk",
+    "iters": 20,
+}
+QUICK = {"models": "resnet18", "hosts": "2", "bw": "200mbit,1gbit,5gbit,none", "compressors": "syncsgd,fp16,powersgd,topk",
+         "iters": 10}  # fmt: skip
+
+
+def testbed(*argv: str, timeout_s: float = 7200) -> str:
+    """Run the `testbed` CLI; its stdout, or SystemExit with its one-line error."""
+    done = subprocess.run([sys.executable, "-m", "testbed.cli", *argv], capture_output=True, text=True, cwd=REPO,
+                          timeout=timeout_s, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"testbed {' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def md(df: pd.DataFrame) -> str:
+    from testbed.report.render import md_table
+
+    return md_table(df)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a subset (see the module docstring)")
+    ap.add_argument("--models", help="comma-separated models")
+    ap.add_argument("--hosts", help="comma-separated host counts (world sizes, one rank per host)")
+    ap.add_argument("--bw", help="comma-separated rates; 'none' for unshaped")
+    ap.add_argument("--compressors", help="comma-separated compressors")
+    ap.add_argument("--iters", type=int, help="measured iterations per trial")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--calibrate-bw", default="1gbit", help="shaping during calibration (default: 1gbit)")
+    ap.add_argument("--calibrate-sizes", default="64kb,512kb,4mb,16mb")
+    ap.add_argument("--out", help="working directory (default: a temporary one)")
+    args = ap.parse_args()
+    base = QUICK if args.quick else FULL
+    models = (args.models or base["models"]).split(",")
+    hosts = [int(h) for h in (args.hosts or base["hosts"]).split(",")]
+    bw = args.bw or base["bw"]
+    compressors = args.compressors or base["compressors"]
+    iters = args.iters or base["iters"]
+    work = Path(args.out or tempfile.mkdtemp(prefix="model-accuracy-"))
+    profiles, results = work / "profiles", work / "results"
+    profiles.mkdir(parents=True, exist_ok=True)
+    cores = os.cpu_count() or 1
+    print(f"# Model accuracy ({', '.join(models)}; hosts {hosts}; {bw}; {compressors}; {iters} iterations)\n")
+    print(f"working directory: {work}\n")
+    try:
+        for n in hosts:
+            testbed("up", "--name", NAME, "--hosts", str(n), "--recreate")
+            cal = json.loads(testbed("calibrate", "--name", NAME, "--bw", args.calibrate_bw, "--sizes",
+                                     args.calibrate_sizes, "--out", str(profiles), "--json"))  # fmt: skip
+            f = cal["fitted"]
+            print(f"calibration, {n} hosts at {args.calibrate_bw}: alpha {f['latency_s'] * 1e6:.3g} us, all-reduce "
+                  f"{f['bandwidth_bps'] / 1e6:.1f} Mbit/s (efficiency {f['efficiency']}), all-gather "
+                  f"{f['allgather_bandwidth_bps'] / 1e6:.1f} Mbit/s, host cost {f['host_s_per_wire_byte'] * 1e9:.3g} "
+                  f"ns/B wire + {f['reduce_s_per_byte'] * 1e9:.3g} ns/B reduced ({f['host_source']})\n")  # fmt: skip
+            threads = max(1, cores // n)
+            for m in models:
+                testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
+                        "--out", str(profiles), "--iters", str(max(3, iters // 2)))  # fmt: skip
+            for m in models:
+                testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
+                        "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
+                        "--warmup-iters", "2", "--out", str(results), "--yes")  # fmt: skip
+    finally:
+        subprocess.run([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO, capture_output=True)
+    report = json.loads(testbed("report", str(results), "--out", str(work / "report"), "--profiles", str(profiles),
+                                "--overlap-hooks", "--json"))  # fmt: skip
+    cx = pd.read_csv(work / "report" / "crossovers.csv")
+    err = pd.read_csv(work / "report" / "prediction_error.csv")
+    print("## Crossover bandwidth: measured vs predicted\n")
+    print(md(cx.drop(columns=["measured_bps", "predicted_bps"])))
+    if not err.empty:
+        err["abs_error_pct"] = err["error_pct"].abs()
+        summary = (
+            err.groupby("compressor")["abs_error_pct"].agg(["median", "max", "count"]).reset_index()
+            .rename(columns={"median": "median |error| %", "max": "worst |error| %", "count": "trials"})
+        )  # fmt: skip
+        print("## Per-trial prediction error\n")
+        print(md(summary))
+        print(f"all trials: median |error| {err['abs_error_pct'].median():.1f} %, "
+              f"worst {err['abs_error_pct'].max():.1f} %\n")  # fmt: skip
+        print(md(err.drop(columns=["trial_id", "abs_error_pct"]).round(1)))
+    for note in report["notes"]:
+        print(f"- note: {note}")
+    print(f"\nreport: {report['html']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""One rank of `testbed calibrate`: all-reduce and all-gather microbenchmarks over message sizes (nccl-tests style),
+plus a local probe of what a reduction costs this host per byte.
+
+Started like a training rank (torchrun's environment, read with ``RankEnv``; argv built and parsed by
+``runners.contract.CollBenchArgs``): gloo on CPU tensors, or NCCL on cuda:LOCAL_RANK.
+
+Per message size n (bytes; the all-gather's *output*, each rank contributing n / p, as nccl-tests counts it) and per
+collective, every timed repetition is: barrier, start the wall clock and the process CPU clock (all threads, user +
+system: gloo's own threads and the kernel's socket work done on our behalf), the collective (and a CUDA synchronise
+on GPU), stop both clocks. Rank 0 gathers every rank's times and writes one JSON file:
+
+  wall_s: per repetition the slowest rank's wall time (a collective ends when its last rank is done)
+  cpu_s:  per repetition the mean over ranks of the CPU time the rank's process spent (the host cost of the
+          collective: what it takes from compute that runs beside it on the same cores)
+  algbw_bps = 8n / median(wall_s);  busbw_bps = algbw x 2(p-1)/p (all-reduce), x (p-1)/p (all-gather)
+
+the contention probe (sizes from a quarter of the largest up): the collective started asynchronously while the rank
+runs short pieces of compute (a small matmul, timed alone first) until it completes;
+  stolen_s = elapsed - pieces x piece time: the compute the collective took from the rank while it ran;
+and the local probe: median seconds of ``x.add_(y)`` (a reduction) and ``x.copy_(y)`` over the largest size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+
+from runners.contract import COLLBENCH_SCHEMA, CollBenchArgs, ContractError, RankEnv
+
+
+def _atomic_write(path: str, text: str) -> None:  # runners may not import shaping: its own rank-side atomic write
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    """nccl-tests' busbw / algbw: 2(p-1)/p for all-reduce, (p-1)/p for all-gather."""
+    p = world_size
+    return 2 * (p - 1) / p if collective == "allreduce" else (p - 1) / p
+
+
+def _chunk_time(chunk, sync, done, n: int = 400) -> float:
+    """Seconds per step of the probe's loop alone (a compute chunk, a synchronise and the completion check on a work
+    already done), so the loop's own overhead is not counted as stolen: the median of 8 runs of n/8 steps."""
+    for _ in range(20):
+        chunk()
+    sync()
+    runs = []
+    for _ in range(8):
+        t0 = time.perf_counter()
+        for _ in range(n // 8):
+            chunk()
+            sync()
+            done.is_completed()
+        runs.append((time.perf_counter() - t0) / (n // 8))
+    return statistics.median(runs)
+
+
+def run(args: CollBenchArgs, env: RankEnv) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    if args.iface:
+        if args.backend == "gloo":
+            os.environ["GLOO_SOCKET_IFNAME"] = args.iface
+        else:
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "=" + args.iface)
+            os.environ.setdefault("NCCL_IB_DISABLE", "1")
+            os.environ.setdefault("NCCL_NET", "Socket")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ContractError("--backend nccl needs CUDA, and no CUDA device is visible")
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(args.backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=args.timeout_s),
+                            device_id=device if device.type == "cuda" else None)  # fmt: skip
+    p = env.world_size
+    gather_op = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def barrier() -> None:
+        dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()
+
+    def timed(op) -> tuple[float, float]:
+        barrier()
+        sync()
+        w0, c0 = time.perf_counter(), time.process_time()
+        op()
+        sync()
+        return time.perf_counter() - w0, time.process_time() - c0
+
+    results = []
+    try:
+        for size in args.sizes_bytes:
+            numel = max(p, size // 4 // p * p)  # a multiple of p, so the all-gather's pieces are equal
+            x = torch.ones(numel, dtype=torch.float32, device=device)
+            out = torch.empty(numel, dtype=torch.float32, device=device)
+            piece = x[: numel // p].clone()
+            ops = {
+                "allreduce": lambda x=x: dist.all_reduce(x),
+                "allgather": lambda out=out, piece=piece: gather_op(out, piece),
+            }
+            for name, op in ops.items():
+                for _ in range(args.warmup):
+                    op()
+                times = [timed(op) for _ in range(args.reps)]
+                results.append({"collective": name, "bytes": numel * 4, "times": times})
+        # contention probe: how much compute a collective takes from the rank while it runs beside it (gloo: the
+        # copies, reductions and socket work on the same cores; NCCL: the SMs and copy engines it occupies)
+        a_mm = torch.rand(160, 160, device=device)
+        chunk = lambda: torch.mm(a_mm, a_mm)  # noqa: E731  one short piece of compute
+        done = dist.all_reduce(torch.zeros(1, device=device), async_op=True)
+        done.wait()
+        chunk_s = _chunk_time(chunk, sync, done)
+        big_sizes = [s for s in args.sizes_bytes if s >= max(args.sizes_bytes) // 4]
+        contention = []
+        for size in big_sizes:
+            numel = max(p, size // 4 // p * p)
+            x = torch.ones(numel, dtype=torch.float32, device=device)
+            out = torch.empty(numel, dtype=torch.float32, device=device)
+            piece = x[: numel // p].clone()
+            starts = {
+                "allreduce": lambda x=x: dist.all_reduce(x, async_op=True),
+                "allgather": lambda out=out, piece=piece: gather_op(out, piece, async_op=True),
+            }
+            for name, start in starts.items():
+                stolen = []
+                for _ in range(args.reps):
+                    barrier()
+                    sync()
+                    t0 = time.perf_counter()
+                    work = start()
+                    n = 0
+                    while not work.is_completed():
+                        chunk()
+                        sync()
+                        n += 1
+                    elapsed = time.perf_counter() - t0
+                    work.wait()
+                    stolen.append((elapsed, max(0.0, elapsed - n * chunk_s)))
+                contention.append({"collective": name, "bytes": numel * 4, "times": stolen})
+        # local reduction / copy probe on the largest size (no communication)
+        big = max(args.sizes_bytes) // 4
+        a = torch.ones(big, dtype=torch.float32, device=device)
+        b = torch.ones(big, dtype=torch.float32, device=device)
+        local = {}
+        for name, op in (("reduce", lambda: a.add_(b)), ("copy", lambda: a.copy_(b))):
+            op()
+            ts = []
+            for _ in range(max(3, args.reps)):
+                sync()
+                t0 = time.perf_counter()
+                op()
+                sync()
+                ts.append(time.perf_counter() - t0)
+            local[name] = statistics.median(ts)
+        gathered: list = [None] * p
+        dist.all_gather_object(gathered, {"results": results, "local": local, "contention": contention})
+        barrier()
+    finally:
+        dist.destroy_process_group()
+    if env.rank != 0:
+        return {}
+    rows = []
+    for i, r in enumerate(results):
+        per_rank = [g["results"][i]["times"] for g in gathered]
+        wall = [max(t[k][0] for t in per_rank) for k in range(args.reps)]
+        cpu = [statistics.fmean(t[k][1] for t in per_rank) for k in range(args.reps)]
+        med = statistics.median(wall)
+        algbw = 8 * r["bytes"] / med if med > 0 else float("inf")
+        rows.append({"collective": r["collective"], "bytes": r["bytes"], "wall_s": wall, "cpu_s": cpu,
+                     "algbw_bps": algbw, "busbw_bps": algbw * bus_factor(r["collective"], p)})  # fmt: skip
+    stolen_rows = []
+    for i, r in enumerate(contention):
+        per_rank = [g["contention"][i]["times"] for g in gathered]
+        stolen_rows.append({
+            "collective": r["collective"],
+            "bytes": r["bytes"],
+            "wall_s": [max(t[k][0] for t in per_rank) for k in range(args.reps)],
+            "stolen_s": [statistics.fmean(t[k][1] for t in per_rank) for k in range(args.reps)],
+        })  # fmt: skip
+    locals_ = [g["local"] for g in gathered]
+    return {
+        "schema": COLLBENCH_SCHEMA,
+        "backend": args.backend,
+        "device": device.type,
+        "world_size": p,
+        "threads": args.threads or torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "samples": rows,
+        "contention": stolen_rows,
+        "compute_chunk_s": chunk_s,
+        "local_probe": {
+            "bytes": big * 4,
+            "reduce_s": statistics.median(lp["reduce"] for lp in locals_),
+            "copy_s": statistics.median(lp["copy"] for lp in locals_),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = CollBenchArgs.from_argv(sys.argv[1:] if argv is None else argv)
+        env = RankEnv.from_environ(os.environ)
+    except ContractError as e:
+        print(f"collbench: error: {e}", file=sys.stderr)
+        return 2
+    data = run(args, env)
+    if env.rank == 0:
+        _atomic_write(args.out, json.dumps(data, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as runners.train: no C++ static destructors after the store server has gone

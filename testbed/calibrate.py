@@ -1,0 +1,153 @@
+"""`testbed calibrate`: measure a cluster's collectives and store the calibration the performance model uses.
+
+Order of work (what is undone on the way out, whatever happens, as for a trial in launch.py):
+  1. resolve backend, ranks per host and world size against the cluster's hosts (as a trial is: launch_plan);
+  2. shape every link at the given rate (else keep the cluster's current shaping; its rate is recorded);
+  3. start one `python -m runners.collbench` rank per slot of the launch plan (torchrun environment, allowlisted
+     variables, GLOO_SOCKET_IFNAME or NCCL's socket settings) in its own process group, and watch them;
+  4. fetch rank 0's JSON, fit (testbed.calibration), store `calibration-<cluster>-<backend>-p<p>-<rate>.json` beside
+     the profiles (atomic write) and a figure of algbw/busbw per size beside it;
+  5. put the cluster's configured shaping back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from runners.contract import CollBenchArgs
+from shaping.files import atomic_write
+from shaping.plan import LinkShape
+from testbed import calibration as cal
+from testbed import launch_plan
+from testbed.config import Trial
+from testbed.errors import InputError, LaunchError
+
+DEFAULT_SIZES_BYTES = (16 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
+MAX_SIZE_BYTES = 1024**3
+MAX_REPS = 1000
+
+
+def check_settings(sizes_bytes: Sequence[int], reps: int, timeout_s: float) -> None:
+    if len(set(sizes_bytes)) < 2:
+        raise InputError(f"--sizes {','.join(map(str, sizes_bytes))}: give at least 2 distinct message sizes")
+    bad = [s for s in sizes_bytes if not 1024 <= s <= MAX_SIZE_BYTES]
+    if bad:
+        raise InputError(f"--sizes: {bad[0]} bytes is outside 1 KB..1 GB")
+    if not 1 <= reps <= MAX_REPS:
+        raise InputError(f"--reps {reps}: expected an integer in [1, {MAX_REPS}]")
+    if not (timeout_s > 0 and timeout_s < float("inf")):
+        raise InputError(f"--timeout {timeout_s:g}: expected a positive number of seconds")
+
+
+def run_calibration(
+    cluster,
+    out_dir: str | Path,
+    *,
+    shape: LinkShape | None = None,
+    world_size: int | None = None,
+    backend: str = "auto",
+    sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES,
+    reps: int = 5,
+    warmup: int = 1,
+    timeout_s: float = 600.0,
+    figure: bool = True,
+    on_phase: Callable[[str], None] | None = None,
+) -> tuple[cal.Calibration, Path]:
+    """Measure, fit and store; returns the calibration and the JSON's path (the figure is beside it, .png).
+    `shape` None measures at the cluster's current shaping."""
+    from testbed.launch import TrialFailed, watch_ranks
+
+    check_settings(sizes_bytes, reps, timeout_s)
+    say = on_phase or (lambda _msg: None)
+    hosts = cluster.hosts()
+    configured = cluster.recorded_shape()
+    measured_shape = shape if shape is not None else configured
+    rate_bps = measured_shape.rate_bps if measured_shape is not None else None
+    trial = Trial(
+        compressor="syncsgd",
+        rate_bps=rate_bps,
+        world_size=world_size or 1,
+        backend=backend,
+        cluster=cluster.name,
+        model="mlp",
+    )
+    trial = launch_plan.resolve(trial, hosts, world_size_given=world_size is not None)
+    if trial.world_size < 2:
+        raise InputError(f"calibrate needs at least 2 ranks; cluster {cluster.name!r} gives {trial.world_size}")
+    out_dir = Path(out_dir)
+    work = Path(tempfile.mkdtemp(prefix="testbed-calibrate-"))
+    (work / "logs").mkdir()
+    run_id = f"calibrate-{random.randrange(16**8):08x}"
+    rank_out = cluster.rank_out_dir(work, run_id)
+    plan = launch_plan.plan(
+        trial,
+        hosts,
+        out_dir=rank_out,
+        master_port=random.randint(20000, 29999),
+        collective_timeout_s=max(30.0, min(timeout_s, 300.0)),
+        threads=cluster.threads_per_rank(trial.world_size),
+        cluster_name=cluster.name,
+        controller_env=os.environ,
+    )
+    used = list(plan.hosts)
+    procs = []
+    try:
+        if shape is not None:
+            say(f"shaping at {shape.describe()}")
+            cluster.apply_shaping(shape, hosts)
+        say(f"all-reduce and all-gather on {trial.world_size} ranks ({plan.backend}), {len(sizes_bytes)} sizes")
+        for r in plan.ranks:
+            args = CollBenchArgs(
+                out=str(rank_out / "collbench.json"),
+                sizes_bytes=tuple(int(s) for s in sizes_bytes),
+                reps=reps,
+                warmup=warmup,
+                backend=plan.backend,
+                iface=r.host.data_iface,
+                timeout_s=max(30.0, min(timeout_s, 300.0)),
+                threads=cluster.threads_per_rank(trial.world_size),
+            )
+            argv = [sys.executable, "-m", "runners.collbench", *args.to_argv()]
+            procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=work / "logs" / r.log_name))
+        try:
+            watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=work)
+        except TrialFailed as e:
+            raise LaunchError(f"calibration failed: {e}") from None
+        cluster.fetch(used[0], rank_out, work)
+        try:
+            bench = json.loads((work / "collbench.json").read_text())
+        except FileNotFoundError:
+            raise LaunchError(f"calibration: rank 0 wrote no results (logs in {work / 'logs'})") from None
+    finally:
+        for p in procs:
+            p.kill_group()
+        if shape is not None:
+            say("restoring shaping")
+            if configured is not None:
+                cluster.apply_shaping(configured, hosts)
+            else:
+                cluster.clear_shaping(hosts)
+    calibration = cal.calibration_from_bench(bench, cluster=cluster.name, rate_bps=rate_bps)
+    path = save_calibration(calibration, out_dir)
+    if figure:
+        from testbed.report.figures import plot_calibration
+
+        plot_calibration(calibration, path.with_suffix(".png"))
+    return cal.load_calibration(path), path
+
+
+def save_calibration(calibration: cal.Calibration, directory: str | Path) -> Path:
+    """Write the calibration JSON atomically beside the profiles; returns its path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = cal.calibration_filename(
+        calibration.cluster, calibration.backend, calibration.world_size, calibration.rate_bps
+    )
+    return atomic_write(directory / name, json.dumps(cal.calibration_to_dict(calibration), indent=2) + "\n")

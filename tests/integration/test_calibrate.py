@@ -1,0 +1,47 @@
+"""`testbed calibrate` on a real 2-host emulated cluster: gloo ranks in namespaces, HTB at 200 Mbit on both veth ends.
+
+The fitted all-reduce bandwidth must come within 10 % of the shaped rate (TCP goodput is ~0.956 of it), the stored
+JSON and figure must exist, and the cluster's own shaping must be back afterwards. Sizes are small (< 60 s).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import pids_in_netns
+
+pytestmark = pytest.mark.root
+
+
+def test_calibrate_fits_the_shaped_rate(testbed_cli, make_cluster, tmp_path):
+    name = make_cluster(2, "--bw", "500mbit")
+    out = tmp_path / "profiles"
+    argv = ["calibrate", "--name", name, "--bw", "200mbit", "--sizes", "64kb,256kb,1mb,2mb", "--reps", "3"]
+    done = testbed_cli(*argv, "--out", str(out), "--json", timeout_s=120)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    fitted = data["fitted"]
+    if abs(fitted["bandwidth_bps"] / 200e6 - 1) > 0.10:  # the CPUs are shared: measure once more before failing
+        done = testbed_cli(*argv, "--out", str(out), "--json", timeout_s=120)
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        fitted = data["fitted"]
+    assert data["rate_bps"] == 200_000_000 and data["world_size"] == 2 and data["backend"] == "gloo"
+    assert abs(fitted["bandwidth_bps"] / 200e6 - 1) <= 0.10, f"fitted {fitted['bandwidth_bps'] / 1e6:.1f} Mbit/s"
+    assert 0.9 <= fitted["efficiency"] <= 1.0
+    assert {s["collective"] for s in data["samples"]} == {"allreduce", "allgather"}
+    assert len(data["samples"]) == 8 and data["contention"]
+    stored = out / f"calibration-{name}-gloo-p2-200mbit.json"
+    assert json.loads(stored.read_text())["fitted"]["bandwidth_bps"] == pytest.approx(fitted["bandwidth_bps"])
+    assert stored.with_suffix(".png").stat().st_size > 1000
+    # the cluster's configured shaping is back, and no rank is left running
+    status = json.loads(testbed_cli("status", "--name", name, "--json").stdout)
+    for h in status["hosts"]:
+        assert h["links"]["upload"]["rate_bps"] == 500_000_000
+    assert not any(pids_in_netns(f"tb-{name}-h{i}") for i in range(2))
+    # predict picks the stored calibration for 2 workers and says so
+    done = testbed_cli("predict", "--model", "mlp", "--profiles", str(out), "--world-size", "2", "--bw", "1gbit",
+                       "--json", timeout_s=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["calibration"].startswith(f"calibration {stored.name}")

@@ -1,0 +1,199 @@
+"""The calibration fit on synthetic data with known parameters, its JSON, its choice, and what the model does with it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from testbed import calibration as cal
+from testbed import perfmodel as pm
+from testbed.errors import InputError
+from testbed.report.analysis import crossover_verdict
+
+SIZES = (16_384, 262_144, 1_048_576, 4_194_304, 16_777_216)
+
+
+def synthetic_bench(
+    p: int, alpha_s: float, b_ar_bps: float, b_ag_bps: float, k: float, gamma: float, *, burst_small: bool = False
+) -> dict:
+    """What runners.collbench would write on a cluster that follows the model's equations exactly."""
+    f = (p - 1) / p
+    samples, contention = [], []
+    for n in SIZES:
+        for coll, wall, host in (
+            ("allreduce", 2 * (p - 1) * alpha_s + 2 * f * 8 * n / b_ar_bps, f * n * (2 * k + gamma)),
+            ("allgather", (p - 1) * alpha_s + f * 8 * n / b_ag_bps, f * n * k),
+        ):
+            if burst_small and n == SIZES[0]:
+                wall *= 0.5  # a shaper's burst lets the smallest message through faster than the rate
+            samples.append({"collective": coll, "bytes": n, "wall_s": [wall] * 3, "cpu_s": [host / 2] * 3,
+                            "algbw_bps": 8 * n / wall, "busbw_bps": 0.0})  # fmt: skip
+            if n >= SIZES[-1] // 4:
+                contention.append({"collective": coll, "bytes": n, "wall_s": [wall] * 3,
+                                   "stolen_s": [host, host * 1.5, host * 2]})  # fmt: skip
+    return {
+        "schema": cal.COLLBENCH_SCHEMA,
+        "backend": "gloo",
+        "device": "cpu",
+        "world_size": p,
+        "threads": 1,
+        "samples": samples,
+        "contention": contention,
+        "local_probe": {"bytes": 16_777_216, "reduce_s": 16_777_216 * 0.2e-9, "copy_s": 16_777_216 * 0.1e-9},
+    }
+
+
+def test_fit_line_recovers_a_line_and_ignores_a_fast_small_message():
+    xs = [1e4, 1e5, 1e6, 1e7]
+    fit = cal.fit_line(xs, [1e-4 + 2e-9 * x for x in xs])
+    assert fit.intercept == pytest.approx(1e-4) and fit.slope == pytest.approx(2e-9)
+    assert fit.rel_rms == pytest.approx(0.0, abs=1e-12)
+    # the smallest message at half its time (a burst) moves neither the slope nor, much, the intercept
+    ys = [1e-4 + 2e-9 * x for x in xs]
+    ys[0] *= 0.5
+    fit = cal.fit_line(xs, ys)
+    assert fit.slope == pytest.approx(2e-9)
+    with pytest.raises(InputError, match="two or more distinct"):
+        cal.fit_line([1e6, 1e6], [1.0, 1.1])
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_fit_recovers_alpha_bandwidths_and_host_costs(p):
+    alpha, b_ar, b_ag, k, gamma = 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.4e-9
+    c = cal.calibration_from_bench(synthetic_bench(p, alpha, b_ar, b_ag, k, gamma), cluster="c", rate_bps=10**9)
+    f = c.fitted
+    assert f.latency_s == pytest.approx(alpha, rel=1e-6)
+    assert f.bandwidth_bps == pytest.approx(b_ar, rel=1e-6)
+    assert f.allgather_bandwidth_bps == pytest.approx(b_ag, rel=1e-6)
+    assert f.host_s_per_wire_byte == pytest.approx(k, rel=1e-6)  # least stolen time of the repetitions
+    assert f.reduce_s_per_byte == pytest.approx(gamma, rel=1e-6)
+    assert f.host_source == "contention probe"
+    assert c.efficiency == pytest.approx(0.94) and c.allgather_efficiency == pytest.approx(0.62)
+    assert c.local_reduce_s_per_byte == pytest.approx(0.2e-9)
+    # busbw follows nccl-tests: 2(p-1)/p x algbw for all-reduce, (p-1)/p for all-gather
+    big = [s for s in c.samples if s.n_bytes == SIZES[-1]]
+    for s in big:
+        factor = 2 * (p - 1) / p if s.collective == "allreduce" else (p - 1) / p
+        assert s.busbw_bps == pytest.approx(s.algbw_bps * factor)
+
+
+def test_fit_without_contention_uses_cpu_time_and_burst_does_not_move_bandwidth():
+    bench = synthetic_bench(2, 50e-6, 1e9, 1e9, 2e-9, 0.0, burst_small=True)
+    bench.pop("contention")
+    c = cal.calibration_from_bench(bench, cluster="c", rate_bps=None)
+    assert c.fitted.bandwidth_bps == pytest.approx(1e9, rel=1e-6)
+    assert c.fitted.host_source == "process CPU time"
+    assert c.fitted.host_s_per_wire_byte == pytest.approx(1e-9, rel=1e-6)  # cpu_s is host / 2 in the fixture
+    assert c.efficiency is None  # unshaped: nothing to compare the bandwidth with
+    assert "efficiency" not in c.model_terms()
+
+
+def test_fit_refuses_time_that_does_not_grow():
+    bench = synthetic_bench(2, 50e-6, 1e9, 1e9, 1e-9, 0.0)
+    for s in bench["samples"]:
+        s["wall_s"] = [0.01] * 3
+    with pytest.raises(InputError, match="does not grow with message size"):
+        cal.calibration_from_bench(bench, cluster="c", rate_bps=None)
+
+
+def test_json_round_trip_and_pick(tmp_path):
+    c = cal.calibration_from_bench(
+        synthetic_bench(2, 80e-6, 0.9e9, 0.9e9, 1e-9, 0.0),
+        cluster="c",
+        rate_bps=10**9,
+        created_at="2026-01-01T00:00:00",
+    )
+    path = tmp_path / cal.calibration_filename("c", "gloo", 2, 10**9)
+    path.write_text(json.dumps(cal.calibration_to_dict(c)))
+    back = cal.load_calibration(path)
+    assert back.fitted == c.fitted and back.samples == c.samples and back.contention == c.contention
+    newer = cal.calibration_from_bench(
+        synthetic_bench(2, 80e-6, 0.5e9, 0.5e9, 1e-9, 0.0),
+        cluster="c",
+        rate_bps=10**9,
+        created_at="2026-02-01T00:00:00",
+    )
+    four = cal.calibration_from_bench(synthetic_bench(4, 80e-6, 0.5e9, 0.5e9, 1e-9, 0.0), cluster="c", rate_bps=None)
+    (tmp_path / "calibration-c-gloo-p2-new.json").write_text(json.dumps(cal.calibration_to_dict(newer)))
+    (tmp_path / "calibration-c-gloo-p4-unshaped.json").write_text(json.dumps(cal.calibration_to_dict(four)))
+    (tmp_path / "calibration-broken.json").write_text("{")
+    found = cal.find_calibrations(tmp_path)
+    assert len(found) == 3  # the broken one skipped
+    assert cal.pick_calibration(found, 2).created_at == "2026-02-01T00:00:00"  # same world size, newest
+    assert cal.pick_calibration(found, 4).world_size == 4
+    assert cal.pick_calibration(found, 2, backend="nccl") is None
+    with pytest.raises(InputError, match="schema"):
+        cal.calibration_from_dict({"schema": "other"})
+
+
+def test_model_terms_say_where_they_come_from():
+    assert "defaults" in cal.model_terms(None).source
+    assert cal.model_terms(None).latency_s == 50e-6 and cal.model_terms(None).efficiency == 1.0
+    c = cal.calibration_from_bench(synthetic_bench(2, 80e-6, 0.9e9, 0.6e9, 1e-9, 0.0), cluster="c", rate_bps=10**9)
+    t = cal.model_terms(c)
+    assert t.latency_s == pytest.approx(80e-6) and t.efficiency == pytest.approx(0.9)
+    assert t.allgather_efficiency == pytest.approx(0.6)
+    assert "calibration" in t.source and "given on the command line" not in t.source
+    t2 = cal.model_terms(c, efficiency=0.5)
+    assert t2.efficiency == 0.5 and t2.allgather_efficiency is None and "efficiency given" in t2.source
+    assert t2.host_s_per_wire_byte == pytest.approx(1e-9)  # the host cost still comes from the calibration
+
+
+# --------------------------------------------------------------------------------------------- the model's new terms
+def test_collective_never_faster_than_its_host_time():
+    n = 40e6
+    fast = pm.Network(2, 100e9)
+    assert pm.collective_time_s("allreduce", n, 1, fast) == pytest.approx(8 * n / 100e9)
+    host = pm.Network(2, 100e9, host_s_per_wire_byte=1e-9, reduce_s_per_byte=1e-9)
+    assert pm.collective_host_s("allreduce", n, host) == pytest.approx(0.5 * n * 3e-9)
+    assert pm.collective_time_s("allreduce", n, 1, host) == pytest.approx(0.5 * n * 3e-9)
+    assert pm.collective_host_s("allgather", n, pm.Network(4, 1e9, host_s_per_wire_byte=1e-9)) == pytest.approx(
+        3 * n * 1e-9
+    )
+    slow = pm.Network(2, 1e8, host_s_per_wire_byte=1e-9)
+    assert pm.collective_time_s("allreduce", n, 1, slow) == pytest.approx(8 * n / 1e8)  # the link decides
+    ag = pm.Network(2, 1e9, efficiency=1.0, allgather_efficiency=0.5)
+    assert pm.collective_time_s("allgather", n, 1, ag) == pytest.approx(
+        2 * pm.collective_time_s("allgather", n, 1, pm.Network(2, 1e9))
+    )
+
+
+def test_compute_shares_the_host_with_collectives():
+    busy = [(1.0, 2.0, 0.5), (3.0, 4.0, 1.0)]
+    assert pm.compute_finish_s(0.0, 0.5, busy) == pytest.approx(0.5)
+    assert pm.compute_finish_s(0.0, 1.25, busy) == pytest.approx(1.5)  # half speed from 1.0
+    assert pm.compute_finish_s(0.0, 2.6, busy) == pytest.approx(4.1)  # stalled from 3 to 4
+    assert pm.compute_done_between(0.0, 4.1, busy) == pytest.approx(2.6)
+
+
+def test_host_cost_slows_overlapped_sync_sgd_by_about_its_host_time():
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict(n_buckets=4, backward_s=0.3))
+    n = prof.grad_bytes
+    plain = pm.predict_iteration(prof, "syncsgd", pm.Network(2, 20e9))
+    k = 1e-9
+    host = pm.predict_iteration(prof, "syncsgd", pm.Network(2, 20e9, host_s_per_wire_byte=k))
+    host_total = 0.5 * n * 2 * k  # (p-1)/p n 2k
+    assert host.iter_time_s - plain.iter_time_s == pytest.approx(host_total, rel=0.35)
+    assert host.iter_time_s > plain.iter_time_s
+
+
+# --------------------------------------------------------------------------------------------- crossover verdicts
+@pytest.mark.parametrize(
+    ("measured", "predicted", "text"),
+    [
+        (("crossover", 1.0e9), ("crossover", 1.04e9), "agrees within 0.75-1.33 (1.04)"),
+        (("crossover", 1.57e9), ("crossover", 0.97e9), "disagrees: predicted / measured 0.62"),
+        (("always", None), ("crossover", 3.5e9), "disagrees: never in the measured range"),
+        (("always", None), ("crossover", 40e9), "agrees: never in the measured range (always faster)"),
+        (("always", None), ("always", None), "agrees: never in the measured range"),
+        (("never", None), ("never", None), "agrees: never in the measured range (always slower)"),
+        (("never", None), ("always", None), "disagrees: measured always slower, model always faster"),
+        (("crossover", 1e9), ("never", None), "disagrees: measured crossover, model says never"),
+        (("n/a", None), ("never", None), "n/a"),
+        (("crossover", 1e9), (None, None), "no prediction"),
+    ],
+)
+def test_crossover_verdict(measured, predicted, text):
+    _, verdict = crossover_verdict(*measured, *predicted, 200e6, 18e9)
+    assert verdict.startswith(text)
