@@ -1,6 +1,7 @@
 """Host-side shaping CLI: what the Ansible role and the lab backend run on each host (one code path with local mode).
 
     python -m shaping apply --dev IFACE --bw RATE [--burst SIZE] [--qdisc htb|tbf] [--ingress] [--netns NS]
+                            [--peers CIDR,...] [--offload auto|on|off]
                             [--delay T] [--jitter T] [--loss PCT] [--force] [--force-mgmt-iface]
                             [--confirm-within SECONDS] [--dry-run] [--json]
     python -m shaping confirm  --dev IFACE [--netns NS] [--json]    keep the pending change (ends its timer)
@@ -19,13 +20,14 @@ unless --force-mgmt-iface. Errors print one line; bad input exits 2 before anyth
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import subprocess
 import sys
 from typing import Any
 
-from shaping import commit_confirm, ingress, lockout, tc
+from shaping import classify, commit_confirm, highrate, ingress, lockout, tc
 from shaping.errors import InputError, ShapingError, TestbedError
 from shaping.plan import LinkShape, render_tc, shape_from_flags
 from shaping.units import format_rate
@@ -54,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--burst", help="bucket size, e.g. 1.25mb (default: 1 ms of data, at least 64 KB)")
     a.add_argument("--qdisc", default="htb", choices=("htb", "tbf"))
     a.add_argument("--ingress", action="store_true", help="also shape what arrives (ifb redirect)")
+    a.add_argument(
+        "--peers",
+        help="shape only traffic to (egress) and from (ingress) these addresses/CIDRs, e.g. 10.1.0.2,10.1.0.3; "
+        "everything else passes unshaped (default: shape every packet)",
+    )
     a.add_argument("--delay", help="added delay, e.g. 5ms (needs netem)")
     a.add_argument("--jitter", help="delay variation, e.g. 1ms (needs netem)")
     a.add_argument("--loss", help="packet loss, e.g. 0.1%% (needs netem)")
@@ -61,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--force-mgmt-iface", action="store_true", help="shape even the interface carrying the SSH session")
     a.add_argument(
         "--mgmt-addr", action="append", default=[], help="also protect the interface that routes to this address"
+    )
+    a.add_argument(
+        "--offload",
+        default="off",
+        help="HTB hardware offload: on (refused where the NIC lacks hw-tc-offload), auto (where it has it) or off "
+        "(default; software htb)",
     )
     a.add_argument("--confirm-within", type=float, help="undo unless `confirm` runs within this many seconds")
     a.add_argument("--dry-run", action="store_true", help="print the equivalent tc commands, change nothing")
@@ -84,39 +97,92 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _shape(args: argparse.Namespace) -> LinkShape:
+    if str(args.bw).strip().lower() in ("none", "unshaped"):
+        raise InputError(f"--bw {args.bw}: apply needs a rate; to remove the shaping run `python -m shaping clear`")
     return shape_from_flags(args.bw, args.burst, args.qdisc, args.delay, args.jitter, args.loss)
 
 
 # ------------------------------------------------------------------------------------------------------- commands
-def _render_ingress(dev: str, shape: LinkShape, netns: str | None) -> list[str]:
+def _render_ingress(dev: str, shape: LinkShape, netns: str | None, peers: classify.Peers = ()) -> list[str]:
     ip = f"ip -n {netns}" if netns else "ip"
     t = f"tc -n {netns}" if netns else "tc"
     ifb = ingress.ifb_name(dev)
+    queues = _nic_queues(dev, netns)
+    leaf = highrate.leaf_limit_bytes(shape.rate_bps, shape.effective_burst_bytes)
+    leaf_line = [] if shape.needs_netem or shape.qdisc != "htb" else [
+        f"{t} qdisc replace dev {ifb} parent 7e57:1 handle 7e59: bfifo limit {leaf}"
+    ]  # fmt: skip
     return [
-        f"{ip} link add {ifb} type ifb",
+        f"{ip} link add {ifb} type ifb" + (f" numtxqueues {queues} numrxqueues {queues}" if queues else ""),
         f"{ip} link set {ifb} alias {ingress.IFB_ALIAS_PREFIX}{dev} up",
         f"{t} qdisc add dev {dev} handle ffff: ingress",
-        f"{t} filter add dev {dev} parent ffff: protocol all prio {ingress.FILTER_PRIO} u32 match u32 0 0 "
-        f"action mirred egress redirect dev {ifb}",
+        *classify.render_ingress_filters(t, dev, ifb, peers),
         *render_tc(ifb, shape, netns),
+        *leaf_line,
     ]
+
+
+def _nic_queues(dev: str, netns: str | None) -> int | None:
+    """The NIC's TX queue count for --dry-run (None when it cannot be read: no such device here, no permission)."""
+    path = f"/sys/class/net/{dev}/queues"
+    if netns:
+        return None
+    try:
+        import os
+
+        return max(1, sum(1 for q in os.listdir(path) if q.startswith("tx-")))
+    except OSError:
+        return None
 
 
 def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
     shape = _shape(args)
+    peers = classify.parse_peers(args.peers)
+    classify.check(shape.qdisc, peers)
     dev = args.dev
     if args.confirm_within is not None:
         commit_confirm.check_within(args.confirm_within)
+    mode = highrate.check_mode(args.offload)
+    offload = mode != "off" and highrate.resolve_offload(mode, highrate.nic_offload_state(dev, args.netns), dev)
+    if offload and args.ingress and mode == "auto":  # auto: offload where it can; with an ifb redirect it cannot
+        print(f"note: --offload auto with --ingress on {dev}: software htb (an ingress redirect excludes offload)",
+              file=sys.stderr)  # fmt: skip
+        offload = False
+    if offload and args.ingress:
+        raise InputError(
+            "--offload with --ingress: the offload classifier (clsact) and the ingress redirect share the NIC's "
+            "ingress hook, and an ifb cannot be offloaded; shape egress only on every host (each peer flow leaves "
+            "a shaped NIC)"
+        )
+    if offload:
+        highrate.render_offload(dev, shape, peers, args.netns)  # refuses tbf and netem before anything changes
+    warnings = highrate.warnings_for(shape, offload=offload, ingress=bool(args.ingress))
+    for line in warnings:
+        print(line, file=sys.stderr)
     if args.dry_run:
-        lines = render_tc(dev, shape, args.netns) + (_render_ingress(dev, shape, args.netns) if args.ingress else [])
-        return {"dev": dev, "dry_run": True, "commands": lines, "plan": shape.to_dict()}
+        if offload:
+            return {"dev": dev, "dry_run": True, "commands": highrate.render_offload(dev, shape, peers, args.netns),
+                    "plan": shape.to_dict(), "peers": list(peers), "classifier": classify.describe(peers),
+                    "offload": True, "warnings": warnings}  # fmt: skip
+        lines = render_tc(dev, shape, args.netns, peers)
+        lines += _render_ingress(dev, shape, args.netns, peers) if args.ingress else []
+        return {"dev": dev, "dry_run": True, "commands": lines, "plan": shape.to_dict(), "peers": list(peers),
+                "classifier": classify.describe(peers)}  # fmt: skip
     lockout.check_lockout(dev, netns=args.netns, force_mgmt_iface=args.force_mgmt_iface, mgmt_addresses=args.mgmt_addr)
     previous = commit_confirm.snapshot(dev, netns=args.netns)  # also: InputError if dev is missing
     want_ingress = bool(args.ingress)
-    same = shape.matches(previous["egress"]) and (
-        (previous["ingress"]["active"] and shape.matches(previous["ingress"]["shaping"]))
-        if want_ingress
-        else not previous["ingress"]["active"]
+    same = (
+        shape.matches(previous["egress"])
+        and tuple(previous["egress"].get("peers") or ()) == peers
+        and (
+            (
+                previous["ingress"]["active"]
+                and shape.matches(previous["ingress"]["shaping"])
+                and tuple(previous["ingress"].get("peers") or ()) == peers
+            )
+            if want_ingress
+            else not previous["ingress"]["active"]
+        )
     )
     result: dict[str, Any] = {
         "dev": dev,
@@ -124,14 +190,21 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
         "changed": not same,
         "egress": shape.to_dict(),
         "ingress": shape.to_dict() if want_ingress else None,
+        "peers": list(peers),
+        "classifier": classify.describe(peers),
+        "offload": offload,
+        "warnings": warnings,
         "confirm": None,
     }
-    if same:
+    if same and not offload:
         return result
     try:
-        result["egress"] = tc.apply(dev, shape, netns=args.netns, force=args.force)
+        if offload:
+            result["egress"] = _apply_offload(dev, shape, peers, args)
+        else:
+            result["egress"] = tc.apply(dev, shape, netns=args.netns, force=args.force, peers=peers)
         if want_ingress:
-            result["ingress"] = ingress.apply(dev, shape, netns=args.netns, force=args.force)
+            result["ingress"] = ingress.apply(dev, shape, netns=args.netns, force=args.force, peers=peers)
         else:
             ingress.clear(dev, netns=args.netns)
     except TestbedError as e:
@@ -147,9 +220,26 @@ def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _apply_offload(dev: str, shape: LinkShape, peers: classify.Peers, args: argparse.Namespace) -> dict[str, Any]:
+    """HTB offload through the host's own ethtool and tc (pyroute2 0.9 cannot set TCA_HTB_OFFLOAD): the rendered
+    lines, run in order; a failing line raises (the caller restores the previous shaping), then read back."""
+    import shlex
+
+    shown = tc.show(dev, netns=args.netns)
+    if shown["ownership"] == "foreign" and not args.force:
+        raise tc.ForeignQdiscError(f"{dev} has a root qdisc the testbed did not create ({shown['qdisc']}); pass --force")
+    for line in highrate.render_offload(dev, shape, peers, args.netns):
+        done = subprocess.run(shlex.split(line), capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            tc.clear_offload_classifier(dev, netns=args.netns)
+            raise ShapingError(f"HTB offload on {dev}: `{line}` failed: {done.stderr.strip() or done.returncode}")
+    return {**tc.show(dev, netns=args.netns), "offload": True}
+
+
 def cmd_clear(args: argparse.Namespace) -> dict[str, Any]:
     cancelled = commit_confirm.cancel(args.dev, netns=args.netns, base=args.state_dir)
     egress = tc.clear(args.dev, netns=args.netns)
+    egress = tc.clear_offload_classifier(args.dev, netns=args.netns) or egress
     ing = ingress.clear(args.dev, netns=args.netns)
     out = {"dev": args.dev, "netns": args.netns, "changed": bool(egress or ing), "cancelled_pending": cancelled}
     if getattr(args, "forget", False):
@@ -174,6 +264,8 @@ def _kernel_probe() -> dict[str, bool]:
     """Runs inside a fresh, private network namespace: try each piece on a veth pair."""
     from pyroute2 import IPRoute, protocols
 
+    from shaping import ingress as _ingress  # noqa: F401 - registers the bfifo kind with pyroute2
+
     results: dict[str, bool] = {}
     with IPRoute() as ipr:
         ipr.link("add", ifname="kc0", kind="veth", peer="kc1")
@@ -191,6 +283,19 @@ def _kernel_probe() -> dict[str, bool]:
             results["netem"] = True
         except Exception:  # noqa: BLE001
             results["netem"] = False
+        for leaf, kw in (("bfifo", {"limit": 100_000}), ("fq_codel", {})):  # the ifb leaf; fq_codel: the other choice
+            with contextlib.suppress(Exception):  # what the netem check left
+                ipr.tc("del", index=idx, handle=0x7E570000, parent=0xFFFFFFFF)
+            try:
+                ipr.tc("add", "htb", idx, 0x7E570000, default=1)
+                ipr.tc("add-class", "htb", idx, 0x7E570001, parent=0x7E570000, rate=1e6, ceil=1e6, burst=65536,
+                       cburst=65536, quantum=1514)  # fmt: skip
+                ipr.tc("add", leaf, idx, 0x7E590000, parent=0x7E570001, **kw)
+                results[leaf] = any(q.get_attr("TCA_KIND") == leaf for q in ipr.get_qdiscs(index=idx))
+            except Exception:  # noqa: BLE001
+                results[leaf] = False
+            with contextlib.suppress(Exception):
+                ipr.tc("del", index=idx, handle=0x7E570000, parent=0xFFFFFFFF)
         try:
             ipr.link("add", ifname="kcifb", kind="ifb")
             results["ifb"] = True
@@ -240,11 +345,12 @@ def cmd_kernel_check(args: argparse.Namespace) -> dict[str, Any]:
 
 def _text(cmd: str, res: dict[str, Any]) -> str:
     if cmd == "apply" and res.get("dry_run"):
-        return "\n".join(res["commands"])
+        head = [f"# shaped: {res['classifier']}"] if res["peers"] else []  # without peers: the plain tc lines
+        return "\n".join([*head, *res["commands"]])
     if cmd == "apply":
         what = "egress+ingress" if res["ingress"] else "egress"
         line = f"{res['dev']}: {'shaped' if res['changed'] else 'already shaped'} {what} at "
-        line += f"{format_rate(res['egress']['rate_bps'])} ({res['egress']['qdisc']})"
+        line += f"{format_rate(res['egress']['rate_bps'])} ({res['egress']['qdisc']}), {res['classifier']}"
         if res.get("confirm"):
             line += f"; confirm within {res['confirm']['within_s']:g}s: python -m shaping confirm --dev {res['dev']}"
         return line
@@ -252,6 +358,8 @@ def _text(cmd: str, res: dict[str, Any]) -> str:
         e, i = res["egress"], res["ingress"]
         rate = format_rate(e["rate_bps"]) if e["rate_bps"] else "-"
         line = f"{res['dev']}: egress {e['qdisc'] or 'none'} {rate} ({e['ownership']})"
+        if e["owned"]:
+            line += f", {classify.describe(tuple(e.get('peers') or ()))}"
         if i["active"] and i["shaping"]:
             line += f"; ingress via {i['ifb']} {format_rate(i['shaping']['rate_bps'] or 0)}"
         if res["pending"]:

@@ -101,13 +101,15 @@ def restore(dev: str, previous: dict[str, Any], *, netns: str | None = None) -> 
     foreign root qdisc that a forced apply saved)."""
     egress = previous.get("egress") or {}
     if egress.get("owned") and egress.get("rate_bps"):
-        tc.apply(dev, LinkShape.from_dict(egress, read_back=True), netns=netns)
+        tc.apply(dev, LinkShape.from_dict(egress, read_back=True), netns=netns, peers=tuple(egress.get("peers") or ()))
     else:
         tc.clear(dev, netns=netns)
     ing = previous.get("ingress") or {}
     shaped = ing.get("shaping") or {}
     if ing.get("active") and shaped.get("owned") and shaped.get("rate_bps"):
-        ingress.apply(dev, LinkShape.from_dict(shaped, read_back=True), netns=netns)
+        ingress.apply(
+            dev, LinkShape.from_dict(shaped, read_back=True), netns=netns, peers=tuple(ing.get("peers") or ())
+        )
     else:
         ingress.clear(dev, netns=netns)
 

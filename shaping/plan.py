@@ -9,13 +9,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from shaping import classify
 from shaping.errors import InputError
 from shaping.units import format_rate, format_size
 
 # The testbed's qdiscs carry this major handle ("7e57" reads "test"): it marks them as ours.
 OWNED_MAJOR = 0x7E57
 ROOT_HANDLE = OWNED_MAJOR << 16  # 7e57:
-CLASS_HANDLE = ROOT_HANDLE | 1  # 7e57:1, the one class every packet goes to
+CLASS_HANDLE = ROOT_HANDLE | 1  # 7e57:1, the shaped class (every packet, or with peers what goes to them)
+UNSHAPED_HANDLE = ROOT_HANDLE | 2  # 7e57:2, with peers: the default class, everything not to a peer (unshaped)
 NETEM_HANDLE = 0x7E58 << 16  # 7e58:, netem below the rate limiter (delay/loss)
 
 QDISC_KINDS = ("htb", "tbf")
@@ -179,18 +181,40 @@ def _handle(h: int) -> str:
     return f"{major:x}:" if minor == 0 else f"{major:x}:{minor:x}"
 
 
-def render_tc(ifname: str, shape: LinkShape, netns: str | None = None) -> list[str]:
-    """The `tc` command lines equivalent to applying `shape` on `ifname` (what --dry-run prints)."""
+def unshaped_class_shape() -> LinkShape:
+    """The default class of a classified root (peers given): what is not the cluster's traffic passes unshaped."""
+    return LinkShape(rate_bps=classify.UNSHAPED_RATE_BPS)
+
+
+def render_tc(
+    ifname: str, shape: LinkShape, netns: str | None = None, peers: classify.Peers = ()
+) -> list[str]:
+    """The `tc` command lines equivalent to applying `shape` on `ifname` (what --dry-run prints); with `peers`,
+    only traffic to them is shaped (classifier filters) and the rest goes to the unshaped default class."""
+    classify.check(shape.qdisc, peers)
     tc = f"tc -n {netns}" if netns else "tc"
     rate = f"{shape.rate_bps}bit"
     burst = f"{shape.effective_burst_bytes}b"
     lines: list[str] = []
     if shape.qdisc == "htb":
-        lines.append(f"{tc} qdisc replace dev {ifname} root handle {_handle(ROOT_HANDLE)} htb default 1")
+        default = UNSHAPED_HANDLE if peers else CLASS_HANDLE
+        lines.append(
+            f"{tc} qdisc replace dev {ifname} root handle {_handle(ROOT_HANDLE)} htb default {default & 0xFFFF:x}"
+        )
         lines.append(
             f"{tc} class replace dev {ifname} parent {_handle(ROOT_HANDLE)} classid {_handle(CLASS_HANDLE)} htb "
             f"rate {rate} ceil {rate} burst {burst} cburst {burst} quantum {shape.quantum_bytes}"
         )
+        if peers:
+            free = unshaped_class_shape()
+            lines.append(
+                f"{tc} class replace dev {ifname} parent {_handle(ROOT_HANDLE)} classid {_handle(UNSHAPED_HANDLE)} "
+                f"htb rate {free.rate_bps}bit ceil {free.rate_bps}bit burst {free.effective_burst_bytes}b "
+                f"cburst {free.effective_burst_bytes}b quantum {free.quantum_bytes}"
+            )
+            lines += classify.render_egress_filters(
+                tc, ifname, _handle(ROOT_HANDLE), _handle(CLASS_HANDLE), peers
+            )
     else:
         lines.append(
             f"{tc} qdisc replace dev {ifname} root handle {_handle(ROOT_HANDLE)} tbf rate {rate} burst {burst} "

@@ -24,9 +24,19 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
+from shaping import classify
 from shaping.errors import InputError, PermissionDenied, ShapingError
 from shaping.files import atomic_write
-from shaping.plan import CLASS_HANDLE, NETEM_HANDLE, OWNED_MAJOR, ROOT_HANDLE, TBF_LATENCY_S, LinkShape
+from shaping.plan import (
+    CLASS_HANDLE,
+    NETEM_HANDLE,
+    OWNED_MAJOR,
+    ROOT_HANDLE,
+    TBF_LATENCY_S,
+    UNSHAPED_HANDLE,
+    LinkShape,
+    unshaped_class_shape,
+)
 
 TC_H_ROOT = 0xFFFFFFFF
 _REPLAYED_ATTRS = {"TCA_KIND", "TCA_OPTIONS", "TCA_RATE", "TCA_STAB"}  # what the kernel takes on create
@@ -122,26 +132,104 @@ def _add_netem(ipr: IPRoute, index: int, ifname: str, shape: LinkShape) -> None:
         raise _netlink_fail("adding netem", ifname, e) from None
 
 
-def _apply_rate(ipr: IPRoute, index: int, ifname: str, shape: LinkShape, existing_kind: str | None) -> None:
+def u32_sel_keys(msg) -> list[tuple[int, int, int]]:
+    """(value, mask, offset) keys of a u32 filter message, read from the raw TCA_U32_SEL (see classify)."""
+    opts = msg.get_attr("TCA_OPTIONS")
+    for slot in opts["attrs"] if opts is not None else []:
+        if slot[0] == "TCA_U32_SEL":
+            cell = slot.cell[1]
+            return classify.decode_u32_sel(bytes(cell.data[cell.offset + 4 : cell.offset + cell.length]))
+    return []
+
+
+def read_peers(ipr: IPRoute, index: int) -> classify.Peers:
+    """The peers classifier under the testbed's htb root: the CIDRs its filters send to the shaped class."""
+    by_prio = {prio: version for version, prio in classify.EGRESS_PRIO.items()}
+    found = []
+    try:
+        msgs = ipr.get_filters(index=index, parent=ROOT_HANDLE)
+    except NetlinkError:
+        return ()
+    for f in msgs:
+        version = by_prio.get(f["info"] >> 16)
+        keys = u32_sel_keys(f) if version else []
+        cidr = classify.cidr_from_keys(keys, version, "dst") if keys else None
+        if cidr:
+            found.append(cidr)
+    return classify.parse_peers(found) if found else ()
+
+
+def _set_peer_filters(ipr: IPRoute, index: int, peers: classify.Peers) -> None:
+    """Make the filters under 7e57: exactly `peers` -> 7e57:1 (none: every packet takes the default class)."""
+    for version, prio in classify.EGRESS_PRIO.items():
+        with contextlib.suppress(NetlinkError):
+            ipr.tc("del-filter", index=index, parent=ROOT_HANDLE, prio=prio, protocol=classify.PROTOCOL[version])
+    for cidr in peers:
+        _add_peer_filter(ipr, index, cidr)
+
+
+def _add_peer_filter(ipr: IPRoute, index: int, cidr: str) -> None:
+    version = classify.version_of(cidr)
+    ipr.tc(
+        "add-filter",
+        "u32",
+        index,
+        parent=ROOT_HANDLE,
+        prio=classify.EGRESS_PRIO[version],
+        protocol=classify.PROTOCOL[version],
+        target=CLASS_HANDLE,
+        keys=classify.pyroute2_keys(cidr, "dst"),
+    )
+
+
+def _htb_default(root) -> int | None:
+    opts = root.get_attr("TCA_OPTIONS") if root is not None else None
+    init = opts.get_attr("TCA_HTB_INIT") if opts is not None else None
+    return init["defcls"] if init else None
+
+
+def _htb_class(ipr: IPRoute, index: int, handle: int, shape: LinkShape) -> None:
     rate_bytes_s = shape.rate_bps / 8
     burst = shape.effective_burst_bytes
-    if existing_kind is not None and existing_kind != shape.qdisc:
+    ipr.tc(
+        "replace-class",
+        "htb",
+        index,
+        handle,
+        parent=ROOT_HANDLE,
+        rate=rate_bytes_s,
+        ceil=rate_bytes_s,
+        burst=burst,
+        cburst=burst,
+        quantum=shape.quantum_bytes,
+    )
+
+
+def _apply_rate(
+    ipr: IPRoute,
+    index: int,
+    ifname: str,
+    shape: LinkShape,
+    existing_kind: str | None,
+    existing_default: int | None = None,
+    peers: classify.Peers = (),
+) -> None:
+    rate_bytes_s = shape.rate_bps / 8
+    burst = shape.effective_burst_bytes
+    want_default = (UNSHAPED_HANDLE if peers else CLASS_HANDLE) & 0xFFFF
+    if existing_kind is not None and (
+        existing_kind != shape.qdisc or (shape.qdisc == "htb" and existing_default != want_default)
+    ):  # htb cannot change its default class in place: a classifier added or removed means a new root
         _del_root(ipr, index, ROOT_HANDLE)
+        existing_kind = None
     if shape.qdisc == "htb":
         if existing_kind != "htb":  # htb cannot "change" its root in place: keep it and replace the class
-            ipr.tc("replace", "htb", index, ROOT_HANDLE, default=1)
-        ipr.tc(
-            "replace-class",
-            "htb",
-            index,
-            CLASS_HANDLE,
-            parent=ROOT_HANDLE,
-            rate=rate_bytes_s,
-            ceil=rate_bytes_s,
-            burst=burst,
-            cburst=burst,
-            quantum=shape.quantum_bytes,
-        )
+            ipr.tc("replace", "htb", index, ROOT_HANDLE, default=want_default)
+        _htb_class(ipr, index, CLASS_HANDLE, shape)
+        if peers:
+            _htb_class(ipr, index, UNSHAPED_HANDLE, unshaped_class_shape())
+        if peers or existing_kind == "htb":
+            _set_peer_filters(ipr, index, peers)
     else:
         ipr.tc("replace", "tbf", index, ROOT_HANDLE, rate=rate_bytes_s, burst=burst, latency=TBF_LATENCY_S * 1e6)
 
@@ -153,9 +241,12 @@ def apply(
     netns: str | None = None,
     force: bool = False,
     state_dir: str | Path | None = None,
+    peers: classify.Peers = (),
 ) -> dict[str, Any]:
     """Shape the egress of `ifname` (in `netns`, or the root namespace) and return what was applied. A foreign root
-    replaced with `force` is saved under `backup_dir(state_dir)` for `clear` to put back."""
+    replaced with `force` is saved under `backup_dir(state_dir)` for `clear` to put back. With `peers` (CIDRs) only
+    traffic to them is shaped; the rest takes an unshaped default class (see shaping/classify.py)."""
+    classify.check(shape.qdisc, peers)
     with _ipr(netns) as ipr:
         index = _index(ipr, ifname, netns)
         root = _root(ipr, index)
@@ -169,6 +260,7 @@ def apply(
             )
         saved = False
         previous = _dump_tree(ipr, index) if owner == "owned" else []
+        previous_peers = read_peers(ipr, index) if owner == "owned" else ()
         try:
             if owner == "foreign":
                 _save_tree(ipr, index, ifname, netns, state_dir)
@@ -178,15 +270,17 @@ def apply(
             if owner == "owned" and not shape.needs_netem:
                 with contextlib.suppress(NetlinkError):
                     ipr.tc("del", index=index, handle=NETEM_HANDLE, parent=CLASS_HANDLE)
-            _apply_rate(ipr, index, ifname, shape, existing_kind)
+            existing_default = _htb_default(root) if existing_kind == "htb" else None
+            _apply_rate(ipr, index, ifname, shape, existing_kind, existing_default, peers)
             if shape.needs_netem:
                 _add_netem(ipr, index, ifname, shape)
         except (NetlinkError, ShapingError) as e:
-            _rollback(ipr, index, ifname, netns, restore=saved, previous=previous, state_dir=state_dir)
+            _rollback(ipr, index, ifname, netns, restore=saved, previous=previous, state_dir=state_dir,
+                      previous_peers=previous_peers)  # fmt: skip
             if isinstance(e, ShapingError):
                 raise
             raise _netlink_fail(f"shaping {shape.describe()}", where, e) from None
-    return {"ifname": ifname, "netns": netns, "replaced_foreign": saved, **shape.to_dict()}
+    return {"ifname": ifname, "netns": netns, "replaced_foreign": saved, **shape.to_dict(), "peers": list(peers)}
 
 
 def _rollback(
@@ -197,13 +291,20 @@ def _rollback(
     restore: bool,
     previous: list[dict],
     state_dir: str | Path | None,
+    previous_peers: classify.Peers = (),
 ) -> None:
-    """Put back what was there before a failed apply: our previous shaping, or the saved foreign tree."""
+    """Put back what was there before a failed apply: our previous shaping (classifier included), or the saved
+    foreign tree."""
     if _ownership(_root(ipr, index)) == "owned":
         with contextlib.suppress(NetlinkError):
             _del_root(ipr, index, ROOT_HANDLE)
     if previous:
         _replay(ipr, index, ifname, previous, where_saved="(in memory)")
+        try:
+            for cidr in previous_peers:  # filters are not part of the dumped tree: put the classifier back too
+                _add_peer_filter(ipr, index, cidr)
+        except NetlinkError as e:
+            raise ShapingError(f"restoring the peers classifier of {ifname} failed ({os.strerror(e.code)})") from None
     if restore:
         _restore_tree(ipr, index, ifname, netns, state_dir)
 
@@ -225,6 +326,29 @@ def clear(ifname: str, *, netns: str | None = None, state_dir: str | Path | None
             _restore_tree(ipr, index, ifname, netns, state_dir)
             changed = True
         return changed
+
+
+def clear_offload_classifier(ifname: str, *, netns: str | None = None) -> bool:
+    """Remove the clsact qdisc that HTB offload's classifier (shaping.highrate) added, when every filter on it is
+    the testbed's (priority 0x7e57, 0x7e5b, 0x7e5d). True if it was removed."""
+    from shaping.highrate import SKBEDIT_PRIO
+
+    ours = {SKBEDIT_PRIO, SKBEDIT_PRIO + 4, SKBEDIT_PRIO + 6}
+    with _ipr(netns) as ipr:
+        index = _index(ipr, ifname, netns)
+        if not any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index)):
+            return False
+        prios = set()
+        for parent in (0xFFFFFFF2, 0xFFFFFFF3):  # clsact's ingress and egress hooks
+            with contextlib.suppress(NetlinkError):
+                prios |= {f["info"] >> 16 for f in ipr.get_filters(index=index, parent=parent)}
+        if not prios or not prios <= ours:
+            return False
+        try:
+            ipr.tc("del", index=index, handle=0xFFFF0000, parent=0xFFFFFFF1)
+        except NetlinkError as e:
+            raise _netlink_fail("clearing the offload classifier", ifname, e) from None
+        return True
 
 
 def _dump_tree(ipr: IPRoute, index: int) -> list[dict]:
@@ -332,6 +456,7 @@ def show(ifname: str, *, netns: str | None = None) -> dict[str, Any]:
             "rate_bps": None,
             "burst_bytes": None,
             "netem": None,
+            "peers": [],
             "sent_bytes": 0,
             "sent_packets": 0,
             "drops": 0,
@@ -355,6 +480,8 @@ def show(ifname: str, *, netns: str | None = None) -> dict[str, Any]:
             rate_bytes = opts.get_attr("TCA_TBF_RATE64") or parms["rate"]
             out["rate_bps"], out["burst_bytes"] = rate_bytes * 8, _ticks_to_bytes(parms["buffer"], rate_bytes)
         elif kind == "htb":
+            if out["owned"]:
+                out["peers"] = list(read_peers(ipr, index))
             for cls in ipr.get_classes(index=index):
                 if cls["handle"] == CLASS_HANDLE or (not out["owned"] and cls["parent"] in (root["handle"], TC_H_ROOT)):
                     out["rate_bps"], out["burst_bytes"] = _rate_from_class(cls.get_attr("TCA_OPTIONS"))

@@ -39,6 +39,8 @@ RATE_HELP = "a rate like 500kbit, 100mbit, 9.5gbit or 100Gbit (bits/s; plain num
 def _split(text: str, what: str, accepted: str) -> tuple[float, str]:
     if not isinstance(text, str):
         text = str(text)
+    if not text.strip():  # what an unset shell variable gives (`--bw "$BW"`): never a silent default
+        raise InputError(f"{what} {text!r}: empty (an unset variable?); expected {accepted}")
     m = _NUMBER_UNIT.match(text)
     if not m:
         raise InputError(f"{what} {text!r} is not a number with a unit; expected {accepted}")

@@ -129,7 +129,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 def _print_hosts(status: dict) -> None:
     table = Table(title=f"cluster {status['name']} ({status['backend']})")
     with_gpus = any(h.get("gpus") for h in status["hosts"])
-    for col in ("host", "address", "iface", "namespace", "upload", "download", "tx bytes", "drops"):
+    for col in ("host", "address", "iface", "namespace", "upload", "download", "shaped traffic", "tx bytes", "drops"):
         table.add_column(col)
     if with_gpus:
         table.add_column("gpus")
@@ -144,11 +144,21 @@ def _print_hosts(status: dict) -> None:
             str(h.get("netns") or "-"),
             _link_text(up),
             _link_text(down),
+            _classifier_text(h, up),
             str(up.get("sent_bytes", "-")),
             f"{up.get('drops', 0)}/{down.get('drops', 0)}",
             *gpu_cell,
         )
     console.print(table)
+
+
+def _classifier_text(host: dict, link: dict) -> str:
+    """What the host's shaping applies to: every packet, or the traffic to/from its peers (shaping.classify)."""
+    from shaping.classify import describe
+
+    if not link or not link.get("owned"):
+        return "-"
+    return describe(tuple(host.get("peers") or link.get("peers") or ()))
 
 
 def _link_text(link: dict) -> str:
@@ -247,7 +257,10 @@ def _selected_hosts(cluster, spec: str | None):
 
 
 def cmd_shape(args: argparse.Namespace) -> int:
+    bw_none = args.bw is not None and str(args.bw).strip().lower() in ("none", "unshaped")
     shape = shape_from_args(args)
+    if bw_none and not args.clear:
+        raise InputError("shape --bw none: to remove the shaping use --clear")
     if shape is None and not args.clear:
         raise InputError("shape needs --bw RATE or --clear")
     if shape is not None and args.clear:
@@ -255,9 +268,19 @@ def cmd_shape(args: argparse.Namespace) -> int:
     cluster = backends.open_cluster(args.name)
     hosts = _selected_hosts(cluster, args.hosts)
     if args.dry_run:
-        for _, direction, ns, ifname in cluster.links(hosts):
-            lines = render_clear(ifname, ns) if args.clear else render_tc(ifname, shape, ns)
-            sys.stdout.write(f"# {direction} {ns}/{ifname}\n" + "\n".join(lines) + "\n")
+        from shaping import classify
+
+        for host, direction, ns, ifname in cluster.links(hosts):
+            peers = () if args.clear else cluster.shaping_peers(host)
+            if args.clear:
+                lines = render_clear(ifname, ns)
+            elif direction == "upload":
+                lines = render_tc(ifname, shape, ns, peers)
+            else:  # a lab host's download is its ifb: the classifier sits on the NIC's ingress redirect
+                redirect = classify.render_ingress_filters("tc", host.data_iface, ifname, peers) if peers else []
+                lines = redirect + render_tc(ifname, shape, ns)
+            head = f"# {direction} {ns}/{ifname}" + (f" (shaped: {classify.describe(peers)})" if peers else "")
+            sys.stdout.write(head + "\n" + "\n".join(lines) + "\n")
         return 0
     if args.clear:
         cluster.clear_shaping(hosts)
@@ -274,7 +297,7 @@ def cmd_shape(args: argparse.Namespace) -> int:
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from testbed.probe import check_probe_args, probe_pair, ring_pairs
+    from testbed.probe import all_pairs, check_probe_args, probe_pair, ring_pairs
 
     streams = int_list(args.streams, "--streams")
     for s in streams:
@@ -285,9 +308,13 @@ def cmd_probe(args: argparse.Namespace) -> int:
         )
     if args.max_pairs < 1:
         raise InputError(f"--max-pairs {args.max_pairs}: expected an integer >= 1")
+    if args.pairs and args.all_pairs:
+        raise InputError("--pairs and --all-pairs exclude each other")
     cluster = backends.open_cluster(args.name)
     hosts = cluster.hosts()
-    if args.pairs:
+    if args.all_pairs:
+        pairs = all_pairs(hosts)
+    elif args.pairs:
         pairs = []
         for spec in args.pairs.split(","):
             src, _, dst = spec.partition(":")
@@ -319,6 +346,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
             "achieved",
             "achieved/ideal",
             "retransmits",
+            "iperf3 procs",
             "",
         ):
             table.add_column(col, justify="right")
@@ -332,6 +360,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 format_rate(r.achieved_bps),
                 f"{r.ratio:.3f}" if r.ratio else "-",
                 str(r.retransmits),
+                f"{r.processes} ({r.iperf3_version or '?'})",
                 "ok" if r.within(args.tolerance) else "[red]OUT OF TOLERANCE[/]",
             )
         console.print(table)
@@ -394,6 +423,11 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--duration", type=float, default=2.0, help="seconds per iperf3 run (default 2)")
     p.add_argument("--pairs", help="SRC:DST pairs, e.g. h0:h1,h2:h3 (default: a ring over all hosts)")
     p.add_argument("--max-pairs", type=int, default=4, help="at most this many ring pairs (default 4)")
+    p.add_argument(
+        "--all-pairs",
+        action="store_true",
+        help="every ordered pair of hosts, one at a time (n x (n-1) runs; ignores --max-pairs)",
+    )
     p.add_argument("--tolerance", type=float, default=0.93, help="flag achieved/ideal below this (default 0.93)")
     p.set_defaults(func=cmd_probe)
 

@@ -53,8 +53,12 @@ def add_shape_flags(p: argparse.ArgumentParser, bw_required: bool = False) -> No
 
 
 def shape_from_args(args: argparse.Namespace) -> LinkShape | None:
-    """The LinkShape the flags ask for; None when no --bw is given. Raises InputError on bad values."""
-    if not getattr(args, "bw", None):
+    """The LinkShape the flags ask for; None when no --bw is given or it is `none`. Raises InputError on bad values
+    (an empty --bw included: what an unset shell variable gives is refused, never read as unshaped)."""
+    bw = getattr(args, "bw", None)
+    if bw is not None and str(bw).strip().lower() in ("none", "unshaped"):
+        args.bw = bw = None
+    if bw is None:
         for flag in ("burst", "delay", "jitter", "loss"):
             if getattr(args, flag, None):
                 raise InputError(f"--{flag} needs --bw: shaping starts from a rate")

@@ -277,15 +277,31 @@ SWEEP_KEYS = {
 
 
 def parse_list(text: str | list, what: str) -> list[str]:
-    items = text if isinstance(text, list) else [x.strip() for x in str(text).split(",")]
-    items = [str(x).strip() for x in items if str(x).strip()]
-    if not items:
+    raw = text if isinstance(text, list) else str(text).split(",")
+    items = [str(x).strip() for x in raw]
+    if not any(items):
         raise InputError(f"{what}: empty; expected a comma-separated list")
+    if not all(items):  # `--bw "$A,$B"` with B unset: refuse, never drop the value silently
+        blank = [str(i + 1) for i, x in enumerate(items) if not x]
+        raise InputError(f"{what} {text!r}: item {', '.join(blank)} of {len(items)} is empty (an unset variable?)")
     return items
 
 
+UNSHAPED = "none"  # the one spelling of an unshaped link (`--bw none`); "unshaped" is read as the same
+
+
+def parse_rate_or_none(text: str, what: str = "--bw") -> int | None:
+    """A rate in bits/s, or None for `none`. Empty and `0` are refused: an unset variable must not mean unshaped."""
+    word = str(text).strip().lower()
+    if word in (UNSHAPED, "unshaped"):
+        return None
+    if word in ("0", "0bit"):
+        raise InputError(f"{what} {text}: 0 is not a rate; an unshaped link is spelled {UNSHAPED}")
+    return parse_rate_bps(text, what)
+
+
 def parse_rates(items: list[str], what: str = "--bw") -> list[int | None]:
-    return [None if x in ("none", "unshaped", "0") else parse_rate_bps(x, what) for x in items]
+    return [parse_rate_or_none(x, what) for x in items]
 
 
 def expand(

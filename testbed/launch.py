@@ -92,6 +92,8 @@ def run_trial(
     probe: bool = True,
     on_phase: Callable[[str], None] | None = None,
     user_env: tuple[tuple[str, str], ...] = (),
+    probe_duration_s: float = 1.0,
+    probe_streams: int = 1,
     plugin: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run `trial` on `cluster`, append its row to `store` (also when it fails) and return the row.
@@ -127,8 +129,10 @@ def run_trial(
             from testbed.probe import probe_pair
 
             say("probing")
-            result = probe_pair(cluster, used[0], used[1], requested_bps=trial.rate_bps, duration_s=1.0)
+            result = probe_pair(cluster, used[0], used[1], requested_bps=trial.rate_bps, duration_s=probe_duration_s,
+                                streams=probe_streams)  # fmt: skip
             row["measured_goodput_bps"] = result.achieved_bps
+            row["probe_duration_s"], row["probe_streams"] = probe_duration_s, probe_streams
         say("starting ranks")
         for r in plan.ranks:
             argv = [sys.executable, *r.argv]

@@ -46,7 +46,10 @@ def parse_bandwidths(text: str, points: int) -> list[float]:
         if not 2 <= points <= MAX_POINTS:
             raise InputError(f"--points {points}: a range takes at least 2 points and at most {MAX_POINTS}")
         return pm.log_grid(lo, hi, points)
-    rates = sorted({float(parse_rate_bps(part, "--bw")) for part in text.split(",") if part.strip()})
+    parts = text.split(",")
+    if len(parts) > 1 and not all(part.strip() for part in parts):  # `--bw "$A,$B"` with B unset
+        raise InputError(f"--bw {text!r}: an item of the list is empty (an unset variable?)")
+    rates = sorted({float(parse_rate_bps(part, "--bw")) for part in parts if part.strip()})
     if not rates:
         raise InputError(f"--bw {text!r}: expected a rate (1gbit), a list (100mbit,1gbit) or a range (10mbit..10gbit)")
     return rates

@@ -2,13 +2,20 @@
 
 Works on any cluster backend: it only needs `cluster.start(host, argv, ...)` for the server and
 `cluster.run(host, argv, ...)` for the client and for `ss` (to wait until the server listens).
+
+At high rates one iperf3 process is the bottleneck, not the shaper: before 3.16 iperf3 runs all `-P` streams on one
+thread (Ubuntu 22.04 ships 3.9), so one core caps what a probe can see (about 20-40 Gbit/s). Where the installed
+iperf3 is older than 3.16 (or its version cannot be read) a multi-stream probe runs one iperf3 process per stream,
+each with its own server and port, at the same time, and sums their goodput; from 3.16 on, `-P` threads do it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +28,10 @@ DEFAULT_PORT = 5201
 DEFAULT_TOLERANCE = 0.93  # achieved / ideal goodput below this flags the link
 MAX_DURATION_S = 60.0
 MAX_STREAMS = 32
+PARALLEL_THREADS_SINCE = (3, 16)  # iperf3 3.16 (2023-12) runs each -P stream in its own thread
+INTERVAL_S = 0.1  # iperf3 report interval when several processes are summed
+MIN_WINDOW_S = 0.3  # shortest common window worth summing over
+START_GUARD_S = 0.3  # after the last launch, before every process is surely sending
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +44,8 @@ class ProbeResult:
     ideal_goodput_bps: float | None
     achieved_bps: float  # receiver-side TCP goodput
     retransmits: int
+    processes: int = 1  # iperf3 client processes (one per stream before iperf3 3.16)
+    iperf3_version: str | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -48,16 +61,34 @@ class ProbeResult:
         return {**dataclasses.asdict(self), "ratio": self.ratio}
 
 
-def check_probe_args(duration_s: float, streams: int) -> None:
-    if not 0.5 <= duration_s <= MAX_DURATION_S:
-        raise InputError(f"--duration {duration_s}: accepted 0.5 to {MAX_DURATION_S:g} seconds")
+def check_probe_args(duration_s: float, streams: int, flag_prefix: str = "--") -> None:
+    """Duration and streams in range; the flags are named `{flag_prefix}duration` and `{flag_prefix}streams`."""
+    if not 1 <= duration_s <= MAX_DURATION_S or duration_s != int(duration_s):
+        raise InputError(
+            f"{flag_prefix}duration {duration_s:g}: accepted whole seconds 1 to {MAX_DURATION_S:g} (iperf3 reads -t as "
+            "an integer: 0.5 would be 0, which means run forever)"
+        )
     if not 1 <= streams <= MAX_STREAMS:
-        raise InputError(f"--streams {streams}: accepted 1 to {MAX_STREAMS}")
+        raise InputError(f"{flag_prefix}streams {streams}: accepted 1 to {MAX_STREAMS}")
 
 
 def _listening(cluster, host, port: int) -> bool:
     out = cluster.run(host, ["ss", "-Hltn", f"sport = :{port}"], timeout_s=10)
     return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def iperf3_version(cluster, host) -> tuple[int, int] | None:
+    """(major, minor) of the iperf3 installed on `host`, or None when `iperf3 --version` does not say."""
+    out = cluster.run(host, ["iperf3", "--version"], timeout_s=10)
+    m = re.search(r"iperf (\d+)\.(\d+)", out.stdout + out.stderr)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def processes_for(version: tuple[int, int] | None, streams: int) -> int:
+    """iperf3 client processes for `streams` streams: one per stream before 3.16 (or when unknown), else one."""
+    if streams <= 1 or (version is not None and version >= PARALLEL_THREADS_SINCE):
+        return 1
+    return streams
 
 
 def probe_pair(
@@ -71,50 +102,52 @@ def probe_pair(
     port: int = DEFAULT_PORT,
     mtu: int = 1500,
 ) -> ProbeResult:
-    """One iperf3 run src -> dst. The server is a one-off process in its own process group, always ended."""
+    """One iperf3 measurement src -> dst with `streams` TCP streams (several processes where iperf3 < 3.16). The
+    servers are one-off processes in their own process groups, always ended."""
     check_probe_args(duration_s, streams)
+    version = iperf3_version(cluster, src)
+    n_proc = processes_for(version, streams)
+    per_proc = streams // n_proc
     log_dir = Path(tempfile.mkdtemp(prefix="testbed-probe-"))
-    server = cluster.start(
-        dst,
-        ["iperf3", "-s", "-1", "-B", dst.address, "-p", str(port)],
-        env=dict(os.environ),
-        log_path=log_dir / "server.log",
-    )
+    ports = [port + i for i in range(n_proc)]
+    servers = []
     try:
+        for p in ports:
+            servers.append(cluster.start(dst, ["iperf3", "-s", "-1", "-B", dst.address, "-p", str(p)],
+                                         env=dict(os.environ), log_path=log_dir / f"server-{p}.log"))  # fmt: skip
         deadline = time.monotonic() + 10
-        while not _listening(cluster, dst, port):
-            if server.poll() is not None:
-                raise ProbeError(f"iperf3 server on {dst.name} exited: {_tail(log_dir / 'server.log')}")
-            if time.monotonic() > deadline:
-                raise ProbeError(f"iperf3 server on {dst.name} did not listen on port {port} within 10 s")
-            time.sleep(0.02)  # poll interval while waiting for the listening socket (bounded by the deadline)
-        client = cluster.run(
-            src,
-            [
-                "iperf3",
-                "-c",
-                dst.address,
-                "-p",
-                str(port),
-                "-t",
-                f"{duration_s:g}",
-                "-P",
-                str(streams),
-                "-J",
-                "--connect-timeout",
-                "5000",
-            ],
-            timeout_s=duration_s + 30,
-        )
-        try:
-            report = json.loads(client.stdout)
-        except json.JSONDecodeError:
-            raise ProbeError(
-                f"iperf3 {src.name} -> {dst.name} failed: {client.stderr.strip() or client.stdout[-300:]}"
-            ) from None
-        if "error" in report:
-            raise ProbeError(f"iperf3 {src.name} -> {dst.name}: {report['error']}")
-        end = report["end"]
+        for p, server in zip(ports, servers, strict=True):
+            while not _listening(cluster, dst, p):
+                if server.poll() is not None:
+                    raise ProbeError(f"iperf3 server on {dst.name} exited: {_tail(log_dir / f'server-{p}.log')}")
+                if time.monotonic() > deadline:
+                    raise ProbeError(f"iperf3 server on {dst.name} did not listen on port {p} within 10 s")
+                time.sleep(0.02)  # poll interval while waiting for the listening socket (bounded by the deadline)
+
+        def client(p: int) -> tuple[float, dict]:
+            argv = ["iperf3", "-c", dst.address, "-p", str(p), "-t", f"{duration_s:g}", "-P", str(per_proc), "-J",
+                    "--connect-timeout", "5000"]  # fmt: skip
+            if n_proc > 1:
+                # receiver-side intervals, to sum the processes over the window in which they all ran
+                argv += ["-i", f"{INTERVAL_S:g}", "--get-server-output"]
+            launched = time.monotonic()
+            done = cluster.run(src, argv, timeout_s=duration_s + 30)
+            try:
+                report = json.loads(done.stdout)
+            except json.JSONDecodeError:
+                raise ProbeError(
+                    f"iperf3 {src.name} -> {dst.name} failed: {done.stderr.strip() or done.stdout[-300:]}"
+                ) from None
+            if "error" in report:
+                raise ProbeError(f"iperf3 {src.name} -> {dst.name}: {report['error']}")
+            return launched, report
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=n_proc) as pool:
+            reports = list(pool.map(client, ports))
+        ends = [r["end"] for _, r in reports]
+        achieved = sum(float(e["sum_received"]["bits_per_second"]) for e in ends)
+        if n_proc > 1:
+            achieved = _concurrent_goodput(reports, duration_s) or achieved
         return ProbeResult(
             src=src.name,
             dst=dst.name,
@@ -122,11 +155,47 @@ def probe_pair(
             duration_s=duration_s,
             requested_bps=requested_bps,
             ideal_goodput_bps=ideal_goodput_bps(requested_bps, mtu) if requested_bps else None,
-            achieved_bps=float(end["sum_received"]["bits_per_second"]),
-            retransmits=int(end.get("sum_sent", {}).get("retransmits", 0)),
+            achieved_bps=achieved,
+            retransmits=sum(int(e.get("sum_sent", {}).get("retransmits", 0)) for e in ends),
+            processes=n_proc,
+            iperf3_version=".".join(map(str, version)) if version else None,
         )
     finally:
-        server.kill_group()
+        for server in servers:
+            server.kill_group()
+
+
+def _concurrent_goodput(reports: list[tuple[float, dict]], duration_s: float) -> float | None:
+    """Summed rate of several iperf3 processes over the window in which all of them were sending. Their averages
+    alone would overstate it: the processes start a few ms apart, and one that runs alone for a moment takes the whole
+    shaped rate. Each process's receiver-side intervals are placed by its launch time; a process's rate is its bytes in the common
+    window over the time they cover. None when the common window is too short to say (then the averages are used)."""
+    # every process is sending from here on: a process's first interval starts after its connect and handshake,
+    # which on a loaded host takes a good part of START_GUARD_S after its launch
+    first = max(launched for launched, _ in reports) + START_GUARD_S
+    last = min(launched for launched, _ in reports) + duration_s
+    if last - first < MIN_WINDOW_S:
+        return None
+    total = 0.0
+    for launched, report in reports:
+        bytes_in, seconds = 0.0, 0.0
+        for interval in (report.get("server_output_json") or {}).get("intervals", []):
+            s = interval["sum"]
+            mid = launched + (s["start"] + s["end"]) / 2
+            if first <= mid <= last and not s.get("omitted"):
+                bytes_in += s["bytes"]
+                seconds += s["end"] - s["start"]
+        if seconds <= 0:
+            return None
+        total += bytes_in * 8 / seconds
+    return total
+
+
+def all_pairs(hosts: list) -> list[tuple]:
+    """Every ordered pair (src, dst), src != dst: each direction of each link, measured one at a time."""
+    if len(hosts) < 2:
+        raise InputError("probing needs at least 2 hosts")
+    return [(a, b) for a in hosts for b in hosts if a is not b]
 
 
 def ring_pairs(hosts: list) -> list[tuple]:

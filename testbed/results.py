@@ -50,6 +50,8 @@ COLUMNS: dict[str, pa.DataType] = {
     "qdisc": pa.string(),
     "delay_s": pa.float64(),
     "measured_goodput_bps": pa.float64(),  # iperf3 probe right before the trial
+    "probe_duration_s": pa.float64(),  # that probe's length (null: not probed)
+    "probe_streams": pa.int32(),  # and its TCP streams (one iperf3 process each before iperf3 3.16)
     "ideal_goodput_bps": pa.float64(),
     "model": pa.string(),
     "batch_size": pa.int32(),

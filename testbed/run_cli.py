@@ -99,6 +99,10 @@ def add_trial_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--out", default="results", help="results directory (default ./results; its parent must exist)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a trial is stopped (default 600)")
     p.add_argument("--no-probe", action="store_true", help="skip the iperf3 check before each trial")
+    p.add_argument("--probe-duration", type=float, default=1.0, help="seconds of that check (default 1)")
+    p.add_argument(
+        "--probe-streams", type=int, default=1, help="its TCP streams (default 1; use several at >= 25 Gbit/s)"
+    )
     p.add_argument("--runner-module", default="runners.train", help=argparse.SUPPRESS)
     p.add_argument("--overlap", type=_on_off, default=d["overlap"], metavar="on|off",
                    help="on (default): compressor hooks overlap backward; off: hooks block (Agarwal et al.'s serial)")
@@ -229,6 +233,14 @@ def _open_store(path: str):
     return store
 
 
+def _probe_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The per-trial probe's duration and streams, checked (exit 2) before anything starts."""
+    from testbed.probe import check_probe_args
+
+    check_probe_args(args.probe_duration, args.probe_streams, flag_prefix="--probe-")
+    return {"probe_duration_s": args.probe_duration, "probe_streams": args.probe_streams}
+
+
 # ---------------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed import launch_plan
@@ -241,6 +253,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     rate = parse_rates([args.bw])[0]
     opts = {**_options(args), **_free_options(args)}
     _check_timeout(args.timeout)
+    _probe_args(args)  # the per-trial probe's settings, checked before anything starts
     user_env = parse_env_pairs(args.env, "--env")
     launch_plan.check_user_env(user_env)
     trial = Trial(
@@ -282,6 +295,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             probe=not args.no_probe,
             on_phase=lambda phase: status.update(f"{trial.label()}: {phase}"),
             user_env=user_env,
+            **_probe_args(args),
             plugin=_plugin_of(trial, infos),
         )
     baseline = store.find(trial.baseline().trial_id) if trial.compressor != "syncsgd" else None
@@ -402,6 +416,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from testbed.launch import STOP, run_trial, stop_on_ctrl_c
 
     _check_timeout(args.timeout)
+    _probe_args(args)  # the per-trial probe's settings, checked before anything starts
     user_env = parse_env_pairs(args.env, "--env")
     launch_plan.check_user_env(user_env)
     trials = _sweep_trials(args)
@@ -440,7 +455,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for trial in todo:
             progress.update(task, description=trial.label())
             row = run_trial(cluster, trial, store, timeout_s=args.timeout, probe=not args.no_probe, user_env=user_env,
-                            plugin=_plugin_of(trial, infos))  # fmt: skip
+                            **_probe_args(args), plugin=_plugin_of(trial, infos))  # fmt: skip
             if STOP.is_set():
                 progress.console.print(f"interrupted: {trial.label()} stored as failed; run the sweep again to resume")
                 return 130

@@ -85,6 +85,11 @@ class Cluster(abc.ABC):
         """The shaping the cluster was brought up with, or None: restored after each trial."""
         return None
 
+    def shaping_peers(self, host: Host) -> tuple[str, ...]:
+        """The CIDRs whose traffic `host`'s shaping applies to (shaping.classify); () means every packet (the
+        emulated cluster, whose links carry nothing else)."""
+        return ()
+
     @abc.abstractmethod
     def command_prefix(self, host: Host) -> list[str] | None:
         """An argv prefix that runs a command on `host` from this machine with the terminal handed over

@@ -13,6 +13,13 @@ Inventory (YAML, Ansible layout; see ansible/inventory.example.yml). Per host, a
   testbed_python                  Python on the host with the project importable (default /opt/testbed/venv/bin/python)
   testbed_project_dir             the project's source on the host (default /opt/testbed/src)
   testbed_run_dir                 where rank logs and pid files go on the host (default /tmp/testbed-lab)
+  testbed_shaping_offload         HTB hardware offload: off (default), auto or on (see docs/lab-guide.md, High rates)
+  testbed_shaping_ingress         also shape what arrives, via an ifb (default true; false with offload: egress only)
+  ansible_become                  true: shaping commands run as `sudo -n testbed_shaping_helper ...` (no root SSH);
+                                  the provision playbook installs the helper and a sudoers rule for it
+  testbed_shaping_helper          the root-owned shaping wrapper sudo may run (default /usr/local/sbin/testbed-shaping)
+  testbed_shaping_peers           CIDRs whose traffic is shaped (default: the other hosts' data addresses; `all`:
+                                  every packet on the data NIC); the rest of the NIC's traffic passes unshaped
 Values are used literally (never through a shell: every remote command is an argv quoted word by word); Jinja
 templates are not evaluated here and are refused in the values this backend reads.
 """
@@ -45,6 +52,7 @@ DEFAULT_PYTHON = "/opt/testbed/venv/bin/python"
 DEFAULT_PROJECT_DIR = "/opt/testbed/src"
 DEFAULT_RUN_DIR = "/tmp/testbed-lab"
 DEFAULT_CONFIRM_WITHIN_S = 60.0
+DEFAULT_SHAPING_HELPER = "/usr/local/sbin/testbed-shaping"  # installed by the testbed_host role (sudoers rule)
 TOKEN_ENV = "TESTBED_LAB_TOKEN"
 
 # Runs on each host with the host's Python (its source is sent: the host may not have this checkout's version).
@@ -62,6 +70,11 @@ class LabHostSpec:
     python: str
     project_dir: str
     run_dir: str
+    shaping_peers: tuple[str, ...] | None = None  # testbed_shaping_peers; None: the other hosts' data addresses
+    shaping_offload: str = "off"  # testbed_shaping_offload: off | auto | on
+    shaping_ingress: bool = True  # testbed_shaping_ingress
+    become: bool = False  # ansible_become: shaping through `sudo -n` and the helper, not as the login user
+    shaping_helper: str = DEFAULT_SHAPING_HELPER  # testbed_shaping_helper
 
 
 def _literal(host: str, key: str, value: Any) -> str:
@@ -153,9 +166,47 @@ def load_inventory(path: str | Path) -> list[LabHostSpec]:
                 python=_literal(name, "testbed_python", v.get("testbed_python", DEFAULT_PYTHON)),
                 project_dir=_literal(name, "testbed_project_dir", v.get("testbed_project_dir", DEFAULT_PROJECT_DIR)),
                 run_dir=_literal(name, "testbed_run_dir", v.get("testbed_run_dir", DEFAULT_RUN_DIR)),
+                shaping_peers=inventory_peers(name, v.get("testbed_shaping_peers")),
+                shaping_offload=_offload_mode(name, v.get("testbed_shaping_offload", "off")),
+                shaping_ingress=_flag(name, "testbed_shaping_ingress", v.get("testbed_shaping_ingress", True)),
+                become=_flag(name, "ansible_become", v.get("ansible_become", False)),
+                shaping_helper=_literal(
+                    name, "testbed_shaping_helper", v.get("testbed_shaping_helper", DEFAULT_SHAPING_HELPER)
+                ),
             )
         )
     return specs
+
+
+def _offload_mode(host: str, value: Any) -> str:
+    from shaping.highrate import OFFLOAD_MODES
+
+    mode = "off" if value is False else "on" if value is True else str(value).strip().lower()
+    if mode not in OFFLOAD_MODES:
+        raise InputError(f"inventory host {host}: testbed_shaping_offload {value!r}; expected off, auto or on")
+    return mode
+
+
+def _flag(host: str, key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+        return str(value).strip().lower() in ("true", "yes", "on", "1")
+    raise InputError(f"inventory host {host}: {key} {value!r}; expected true or false")
+
+
+def inventory_peers(host: str, value: Any) -> tuple[str, ...] | None:
+    """`testbed_shaping_peers` of a host: None when unset (default peers), () for `all` (shape every packet), else
+    normalised CIDRs (a list or a comma-separated string)."""
+    from shaping.classify import parse_peers
+
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() == "all":
+        return ()
+    if not isinstance(value, str | list):
+        raise InputError(f"inventory host {host}: testbed_shaping_peers must be a list of CIDRs, a string or all")
+    return parse_peers(value, f"inventory host {host}: testbed_shaping_peers")
 
 
 def evaluate_facts(
@@ -675,7 +726,30 @@ class LabCluster(Cluster):
         return res
 
     # ------------------------------------------------------------------------------------------------ shaping
+    def shaping_peers(self, host: Host | str) -> tuple[str, ...]:
+        """What this host's shaping classifies as the cluster's data traffic: `testbed_shaping_peers` when the
+        inventory sets it, else the other hosts' data addresses (storage, the scheduler, other tenants on the same
+        NIC pass unshaped)."""
+        from shaping.classify import parse_peers
+
+        spec = self._spec(host)
+        if spec.shaping_peers is not None:
+            return spec.shaping_peers
+        others = [h.address for h in self.hosts() if h.name != spec.name]
+        return parse_peers(others) if others else ()
+
+    def _peer_flags(self, name: str) -> list[str]:
+        """The per-host flags of `python -m shaping apply`: the classifier and, when the inventory asks, offload."""
+        peers = self.shaping_peers(name)
+        spec = self._spec(name)
+        offload = ["--offload", spec.shaping_offload] if spec.shaping_offload != "off" else []
+        return (["--peers", ",".join(peers)] if peers else []) + offload
+
     def _shaping_argv(self, spec: LabHostSpec, *args: str) -> list[str]:
+        """`python -m shaping ARGS` as the login user (root), or with `ansible_become` the root-owned helper through
+        `sudo -n` (never a password prompt: a missing sudoers rule fails at once, naming sudo)."""
+        if spec.become:
+            return ["sudo", "-n", spec.shaping_helper, *args]
         return [spec.python, "-m", "shaping", *args]
 
     def _names(self, hosts: list[Host] | list[str] | None) -> list[str]:
@@ -704,7 +778,9 @@ class LabCluster(Cluster):
         try:
             for n in names:
                 spec = self.specs[n]
-                res = self.run(n, self._shaping_argv(spec, "apply", "--dev", spec.data_iface, *args), timeout_s=120)
+                host_args = args if spec.shaping_ingress else [a for a in args if a != "--ingress"]
+                argv = self._shaping_argv(spec, "apply", "--dev", spec.data_iface, *host_args, *self._peer_flags(n))
+                res = self.run(n, argv, timeout_s=120)
                 if res.returncode != 0:
                     msg = f"host {n}: {(res.stderr.strip().splitlines() or ['shaping failed'])[-1].removeprefix('error: ')}"
                     raise (InputError if res.returncode == 2 else ShapingError)(msg)
@@ -776,6 +852,7 @@ class LabCluster(Cluster):
                 ing = (sh.get("ingress") or {}).get("shaping") or {}
                 row.update(
                     reachable=True,
+                    peers=(sh.get("egress") or {}).get("peers") or [],
                     gpus=f.get("gpus", 0),
                     nic_speed_mbps=f.get("nic_speed_mbps"),
                     python=".".join(map(str, f.get("python", []))),

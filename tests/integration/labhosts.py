@@ -130,6 +130,7 @@ class LabHosts:
             "testbed_host_install_project": False,
             "testbed_host_nccl_env_path": str(self.tmp / "etc" / "{{ inventory_hostname }}-nccl.env"),
             "testbed_host_require_time_sync": False,
+            "testbed_shaping_helper": str(self.tmp / "bin" / "testbed-shaping"),  # not /usr/local/sbin of this machine
         }
         vars_.update(group_vars)
         return {

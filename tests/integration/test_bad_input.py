@@ -78,6 +78,18 @@ NO_CLUSTER = [
     (["run", "--bw", "100mbit", "--out", ""], "--out '': empty"),
     (["sweep", "--bw", "", "--compressor", "syncsgd", "--world-size", "2"], "--bw '': empty"),
     (["sweep", "--bw", ",", "--compressor", "syncsgd", "--world-size", "2"], "--bw: empty"),
+    # an empty rate (an unset shell variable) is refused wherever a rate is read; unshaped is spelled none
+    (["run", "--bw", " "], "--bw ' ': empty"),
+    (["run", "--bw", "0"], "an unshaped link is spelled none"),
+    (["sweep", "--bw", "1gbit,", "--compressor", "syncsgd", "--world-size", "2"], "item 2 of 2 is empty"),
+    (["sweep", "--bw", "none,0", "--compressor", "syncsgd", "--world-size", "2"], "spelled none"),
+    (["sweep", "--config", "{w}/empty-rate.toml"], "empty (an unset variable?)"),
+    (["up", "--bw", ""], "--bw '': empty"),
+    (["up", "--bw", "0"], "out of range"),
+    (["shape", "--bw", ""], "--bw '': empty"),
+    (["shape", "--bw", "none"], "use --clear"),
+    (["predict", "--model", "resnet18", "--bw", "1gbit,"], "empty (an unset variable?)"),
+    (["predict", "--model", "resnet18", "--bw", "10mbit.."], "empty (an unset variable?)"),
     (["sweep", "--config", ""], "--config '': empty"),
     (["up", "--inventory", ""], "--inventory '': empty"),
     (["up", "--subnet", ""], "--subnet '': empty"),
@@ -112,6 +124,10 @@ NO_CLUSTER = [
     (["probe", "--tolerance", "nan"], "--tolerance nan"),
     (["probe", "--max-pairs", "0"], "--max-pairs 0"),
     (["probe", "--duration", "inf"], "--duration inf"),
+    (["probe", "--pairs", "h0:h1", "--all-pairs"], "exclude each other"),
+    (["probe", "--duration", "0.5"], "iperf3 reads -t as an integer"),
+    (["run", "--bw", "100mbit", "--probe-streams", "0"], "--probe-streams 0"),
+    (["sweep", "--bw", "1gbit", "--compressor", "syncsgd", "--world-size", "2", "--probe-duration", "0"], "--probe-duration 0"),
     (["exec", "--timeout", "0", "h0", "--", "true"], "--timeout 0"),
     # the performance model
     (["predict", "--model", "resnet18", "--points", "1000000"], "--points 1000000"),
@@ -176,6 +192,13 @@ SHAPING_CLI = [  # the host-side CLI that lab hosts run (commit-confirmed shapin
     (["apply", "--dev", "lo", "--bw", "1gbit", "--confirm-within", "86400", "--dry-run"], "--confirm-within 86400"),
 ]
 
+SHAPING_CLI_RATES = [  # `python -m shaping apply` reads a rate too: empty is refused, and there is no unshaped apply
+    (["apply", "--dev", "lo", "--bw", "", "--dry-run"], "--bw '': empty (an unset variable?)"),
+    (["apply", "--dev", "lo", "--bw", " ", "--dry-run"], "--bw ' ': empty"),
+    (["apply", "--dev", "lo", "--bw", "none", "--dry-run"], "python -m shaping clear"),
+    (["apply", "--dev", "lo", "--bw", "0", "--dry-run"], "out of range"),
+]
+
 # ------------------------------------------------------------------------------------------- on a live cluster
 ON_CLUSTER = [
     (["run", "--bw", "100mbit", "--world-size", "5"], "needs 5 hosts; the cluster has 2"),
@@ -202,6 +225,7 @@ def _write_inputs(w: Path, stored_name: str) -> None:
     (w / "empty-grid.toml").write_text('[sweep]\nbw = []\ncompressor = ["syncsgd"]\nworld_size = [2]\n')
     (w / "orphan-options.toml").write_text(head + "[sweep.options.topk]\nratio = 0.01\n")
     (w / "bad-option.toml").write_text(head + "[sweep.options.powersgd]\nrank = 0\n")
+    (w / "empty-rate.toml").write_text(head.replace('["100mbit"]', '["100mbit", ""]'))
     (w / "nan-bucket.toml").write_text(head + "bucket_cap_mb = nan\n")
     plug = w / "plug"
     plug.mkdir()
@@ -342,6 +366,17 @@ def test_shaping_cli_confirm_within_is_bounded(env, work, argv, why):
     assert done.returncode == 2
     line = one_line(done.stderr)
     assert why in line and "seconds in (0, 3600]" in line
+    assert _snapshot(work, cluster="none") == before
+
+
+@pytest.mark.parametrize(("argv", "why"), SHAPING_CLI_RATES, ids=_ids(SHAPING_CLI_RATES))
+def test_shaping_cli_refuses_an_empty_rate(env, work, argv, why):
+    before = _snapshot(work, cluster="none")
+    done = _cli(env, work, *argv, module="shaping")
+    assert done.returncode == 2, done.stderr
+    line = one_line(done.stderr)
+    assert line.startswith("error: ") and why in line, line
+    assert done.stdout == ""
     assert _snapshot(work, cluster="none") == before
 
 

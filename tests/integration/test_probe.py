@@ -72,3 +72,34 @@ def test_probe_bad_pairs_exit_2(testbed_cli, make_cluster):
     for flags, why in ((["--pairs", "h0"], "expected SRC:DST"), (["--pairs", "h0:h7"], "unknown host 'h7'")):
         done = testbed_cli("probe", "--name", name, *flags)
         assert done.returncode == 2 and why in one_line(done.stderr), flags
+
+
+def test_all_pairs_with_one_iperf3_process_per_stream(testbed_cli, make_cluster):
+    """--all-pairs measures every ordered pair; with iperf3 < 3.16 each stream is its own process (own port)."""
+    from testbed.probe import PARALLEL_THREADS_SINCE
+
+    name = make_cluster(3, "--bw", "200mbit")
+    rc, report = probe(testbed_cli, name, "--all-pairs", "--streams", "2", "--duration", "2")
+    pairs = sorted((r["src"], r["dst"]) for r in report["results"])
+    assert pairs == [(a, b) for a in ("h0", "h1", "h2") for b in ("h0", "h1", "h2") if a != b]
+    version = tuple(int(x) for x in report["results"][0]["iperf3_version"].split("."))
+    for r in report["results"]:
+        assert r["streams"] == 2 and r["processes"] == (1 if version >= PARALLEL_THREADS_SINCE else 2)
+        assert 0.93 <= r["ratio"] <= 1.05, f"{r['src']}->{r['dst']}: ratio {r['ratio']:.3f}"
+    assert rc == 0 and report["ok"]
+    assert no_iperf_left(name), "the probe left iperf3 running"
+
+
+def test_trial_probe_duration_and_streams_are_recorded(testbed_cli, make_cluster, tmp_path):
+    name = make_cluster(2)
+    done = testbed_cli("run", "--name", name, "--bw", "300mbit", "--model", "mlp", "--batch-size", "8", "--iters", "2",
+                       "--warmup-iters", "2", "--probe-duration", "2", "--probe-streams", "2", "--out",
+                       str(tmp_path / "res"), "--json", timeout_s=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-1000:]
+    row = json.loads(done.stdout)["row"]
+    assert row["probe_duration_s"] == 2 and row["probe_streams"] == 2
+    assert 0.85 * ideal_goodput_bps(300e6) <= row["measured_goodput_bps"] <= 1.05 * 300e6
+    from testbed.results import load_results
+
+    stored = load_results(tmp_path / "res").iloc[0]
+    assert stored["probe_duration_s"] == 2 and stored["probe_streams"] == 2

@@ -128,7 +128,8 @@ def test_shaping_cli_dry_run_needs_no_root(capsys):
     assert "rate 9000000000bit" in lines[1] and "burst 1125000b" in lines[1]
     assert "ip link add ifb-ens1f0 type ifb" in lines
     assert any("action mirred egress redirect dev ifb-ens1f0" in ln for ln in lines)
-    assert lines[-1].startswith("tc class replace dev ifb-ens1f0")
+    assert lines[-2].startswith("tc class replace dev ifb-ens1f0")
+    assert lines[-1] == "tc qdisc replace dev ifb-ens1f0 parent 7e57:1 handle 7e59: bfifo limit 5625000"  # 5 ms at 9G
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,8 @@
 The accept and reject tables are the contract: `9gbps` is never guessed, the range is 1 kbit/s to 400 Gbit/s.
 """
 
+import re
+
 import pytest
 
 from shaping.units import (
@@ -50,8 +52,8 @@ RATES_REJECTED = [
     (0, "out of range"),
     (-5, "out of range"),
     ("-5mbit", "not a number"),
-    ("", "not a number"),
-    ("   ", "not a number"),
+    ("", "empty (an unset variable?)"),
+    ("   ", "empty"),
     ("garbage", "not a number"),
     ("mbit", "not a number"),
     ("fast", "not a number"),
@@ -147,7 +149,7 @@ def test_size_accepted(text, size):
         ("0", "out of range"),
         ("0kb", "out of range"),
         ("3gib", "out of range"),
-        ("", "not a number"),
+        ("", "empty"),
         ("lots", "not a number"),
         ("10 parsecs", "unknown unit"),
     ],
@@ -191,3 +193,26 @@ def test_percent_accepted(text, pct):
 def test_percent_rejected(text, why):
     with pytest.raises(InputError, match=why):
         parse_percent(text, "--loss")
+
+
+@pytest.mark.parametrize(
+    ("items", "why"),
+    [
+        (["0"], "an unshaped link is spelled none"),
+        ([""], "empty (an unset variable?)"),
+        (["1gbit", " "], "empty"),
+    ],
+)
+def test_trial_rates_refuse_empty_and_zero(items, why):
+    from testbed.config import parse_rates
+
+    with pytest.raises(InputError, match=re.escape(why)):
+        parse_rates(items)
+
+
+def test_trial_rates_spell_unshaped_none():
+    from testbed.config import parse_list, parse_rates
+
+    assert parse_rates(["none", "1gbit"]) == [None, 1_000_000_000]
+    with pytest.raises(InputError, match=re.escape("item 2 of 2 is empty")):
+        parse_list("1gbit,", "--bw")
