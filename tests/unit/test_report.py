@@ -9,57 +9,9 @@ import pytest
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 from testbed.report import build_report, measured_crossover, report_from_dir
+from testbed.results import COLUMNS as RESULTS_COLUMNS
 
-COLUMNS = [
-    "schema_version",
-    "trial_id",
-    "status",
-    "error",
-    "started_at",
-    "wall_s",
-    "backend",
-    "cluster_name",
-    "host_count",
-    "world_size",
-    "rate_bps",
-    "burst_bytes",
-    "qdisc",
-    "delay_s",
-    "measured_goodput_bps",
-    "ideal_goodput_bps",
-    "model",
-    "batch_size",
-    "image_size",
-    "seq_len",
-    "compressor",
-    "compressor_options",
-    "iters",
-    "warmup_iters",
-    "seed",
-    "serial",
-    "bucket_cap_mb",
-    "torch_version",
-    "python_version",
-    "kernel",
-    "dist_backend",
-    "device",
-    "testbed_version",
-    "hostname",
-    "iter_time_s_mean",
-    "iter_time_s_p5",
-    "iter_time_s_p50",
-    "iter_time_s_p95",
-    "samples_per_s",
-    "forward_s",
-    "backward_s",
-    "encode_s",
-    "comm_s",
-    "decode_s",
-    "optimizer_s",
-    "payload_bytes_per_iter",
-    "wire_tx_bytes_per_iter",
-    "wire_rx_bytes_per_iter",
-]
+COLUMNS = list(RESULTS_COLUMNS)  # the results store's own columns: a frame as `testbed results` loads it
 
 
 def row(i, model, ws, rate, comp, t, status="ok", options="{}"):
