@@ -30,15 +30,7 @@ import time
 from datetime import timedelta
 
 from runners.contract import COLLBENCH_SCHEMA, CollBenchArgs, ContractError, RankEnv
-
-
-def _atomic_write(path: str, text: str) -> None:  # runners may not import shaping: its own rank-side atomic write
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+from runners.files import atomic_write
 
 
 def bus_factor(collective: str, world_size: int) -> float:
@@ -223,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     data = run(args, env)
     if env.rank == 0:
-        _atomic_write(args.out, json.dumps(data, indent=2) + "\n")
+        atomic_write(args.out, json.dumps(data, indent=2) + "\n")
     return 0
 
 

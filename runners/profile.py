@@ -220,7 +220,8 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    from runners.train import atomic_write, parse_value
+    from runners.contract import parse_value
+    from runners.files import atomic_write
 
     try:
         options: dict[str, dict] = {}

@@ -36,6 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from runners.contract import ContractError, RankArgs, RankEnv
+from runners.files import atomic_write
 
 RECORD_KEYS = (
     "rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
@@ -108,15 +109,6 @@ def iface_for(addr: str) -> str | None:
         if any(a.address == local for a in addrs):
             return name
     return None
-
-
-def atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def percentile(values, q: float) -> float:

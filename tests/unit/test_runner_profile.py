@@ -35,3 +35,17 @@ def test_profile_format_and_values():
 def test_profile_rejects_bad_options():
     with pytest.raises(ValueError, match="does not apply to topk"):
         profile_model("mlp", 4, ["topk"], options={"topk": {"rank": 2}})
+
+
+def test_profile_command_line_writes_the_profile_and_refuses_bad_options(tmp_path, capsys):
+    import json
+
+    from runners import profile
+
+    out = tmp_path / "p.json"
+    assert profile.main(["--model", "mlp", "--batch-size", "4", "--compressors", "syncsgd,powersgd", "--iters", "1",
+                         "--opt", "powersgd.rank=2", "--out", str(out)]) == 0  # fmt: skip
+    data = json.loads(out.read_text())
+    assert data["model"] == "mlp" and set(data["compressors"]) >= {"syncsgd", "powersgd"}
+    assert profile.main(["--model", "mlp", "--batch-size", "4", "--opt", "rank=2", "--out", str(tmp_path / "q")]) == 2
+    assert "is not NAME.KEY=VALUE" in capsys.readouterr().err
