@@ -292,8 +292,9 @@ def test_dead_man_timer_restores_when_controller_disappears(lab):
         20,
         "the timer to restore 300mbit on data0",
     )
+    # the timer restores egress first, then removes the ingress redirect (new in the change) and its ifb
+    wait_for(lambda: "ifb-data0" not in lab.netns_exec(h, "ip", "link").stdout, 20, "the timer to remove ifb-data0")
     assert time.monotonic() - t0 < 15
-    assert "ifb-data0" not in lab.netns_exec(h, "ip", "link").stdout  # ingress redirect (new in the change) removed
     late = _ssh(lab, h, PYTHON, "-m", "shaping", "confirm", "--dev", "data0")
     assert late.returncode == 1 and "too late" in late.stderr
     assert _ssh(lab, h, PYTHON, "-m", "shaping", "clear", "--dev", "data0").returncode == 0
