@@ -122,18 +122,16 @@ class LoopbackCluster:
 
 def nccl_busbw(cluster, rate_bps: int | None, size_bytes: int = 256 * 2**20, reps: int = 5) -> float | None:
     """All-reduce bus bandwidth (bit/s) between the 2 hosts over NCCL sockets at the current shaping."""
-    from runners.contract import torchrun_env
     from testbed.config import Trial
-    from testbed.launch_plan import backend_env, forwarded_env
+    from testbed.launch import make_plan
 
-    hosts = cluster.hosts()[:2]
-    trial = Trial("syncsgd", rate_bps, 2, backend="nccl", ranks_per_host=1)
+    trial = Trial("syncsgd", rate_bps, 2, backend="nccl", ranks_per_host=1, cluster=cluster.name)
     logs = Path(tempfile.mkdtemp(prefix="busbw-"))
+    # the same placement and environment (torchrun variables, NCCL socket settings, host ids) a trial's ranks get
+    plan = make_plan(cluster, trial, logs, timeout_s=240)
     procs = []
-    for rank, h in enumerate(hosts):
-        env = {**forwarded_env(os.environ), **backend_env(trial, h, cluster.name), "PYTHONUNBUFFERED": "1",
-               **torchrun_env(rank=rank, world_size=2, local_rank=0, local_world_size=1, group_rank=rank,
-                              master_addr=hosts[0].address, master_port=24000 + (rate_bps or 0) % 997)}  # fmt: skip
+    for r in plan.ranks:
+        rank, h, env = r.rank, r.host, dict(r.env)
         argv = [sys.executable, str(REPO / "bench" / "allreduce_rank.py"), "--backend", "nccl", "--bytes",
                 str(size_bytes), "--reps", str(reps), "--iface", h.data_iface]  # fmt: skip
         procs.append(cluster.start(h, argv, env=env, log_path=logs / f"r{rank}.log", workdir=REPO))

@@ -13,7 +13,6 @@ Order of work (what is undone on the way out, whatever happens, as for a trial i
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 import tempfile
@@ -62,7 +61,7 @@ def run_calibration(
 ) -> tuple[cal.Calibration, Path]:
     """Measure, fit and store; returns the calibration and the JSON's path (the figure is beside it, .png).
     `shape` None measures at the cluster's current shaping."""
-    from testbed.launch import TrialFailed, watch_ranks
+    from testbed.launch import TrialFailed, make_plan, watch_ranks
 
     check_settings(sizes_bytes, reps, timeout_s)
     say = on_phase or (lambda _msg: None)
@@ -86,16 +85,7 @@ def run_calibration(
     (work / "logs").mkdir()
     run_id = f"calibrate-{random.randrange(16**8):08x}"
     rank_out = cluster.rank_out_dir(work, run_id)
-    plan = launch_plan.plan(
-        trial,
-        hosts,
-        out_dir=rank_out,
-        master_port=random.randint(20000, 29999),
-        collective_timeout_s=max(30.0, min(timeout_s, 300.0)),
-        threads=cluster.threads_per_rank(trial.world_size),
-        cluster_name=cluster.name,
-        controller_env=os.environ,
-    )
+    plan = make_plan(cluster, trial, rank_out, timeout_s=timeout_s)  # the trials' placement and environment
     used = list(plan.hosts)
     procs = []
     try:
