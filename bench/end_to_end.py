@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from shaping.plan import LinkShape
 from shaping.units import format_rate, parse_rate_bps
 from testbed.cluster.local import LocalCluster
 from testbed.config import Trial
-from testbed.launch import run_trial
+from testbed.launch import make_plan, run_trial
 from testbed.results import ResultsStore
 
 NAME = "bench"
@@ -31,16 +30,14 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 
 def busbw(cluster: LocalCluster, world_size: int, rate_bps: int, size_bytes: int, reps: int) -> dict:
-    hosts = cluster.hosts()[:world_size]
     cluster.apply_shaping(LinkShape(rate_bps), cluster.hosts())
     logs = Path(tempfile.mkdtemp(prefix="busbw-"))
-    port = 23000 + rate_bps % 1000
-    procs = []
-    for rank, h in enumerate(hosts):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR=hosts[0].address,
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(cluster.start(h, [sys.executable, str(BENCH_DIR / "allreduce_rank.py"), "--bytes",
-                                       str(size_bytes), "--reps", str(reps)], env=env, log_path=logs / f"r{rank}.log"))
+    # the placement and allowlisted environment a gloo trial's ranks get (not this shell's environment)
+    trial = Trial("syncsgd", rate_bps, world_size, backend="gloo", ranks_per_host=1, cluster=cluster.name)
+    plan = make_plan(cluster, trial, logs, timeout_s=600)
+    procs = [cluster.start(r.host, [sys.executable, str(BENCH_DIR / "allreduce_rank.py"), "--bytes", str(size_bytes),
+                                    "--reps", str(reps)], env=dict(r.env), log_path=logs / f"r{r.rank}.log")
+             for r in plan.ranks]  # fmt: skip
     try:
         for p in procs:
             p.wait(600)
