@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-SYSTEM_PACKAGES := iperf3 iproute2 iputils-ping openssh-server openssh-client ethtool procps kmod
+SYSTEM_PACKAGES := iperf3 iproute2 iputils-ping openssh-server openssh-client ethtool procps kmod slurmctld slurmd slurm-client munge
 PYTEST_ARGS ?=
 
 .PHONY: demo test test-unit test-integration lint sysdeps venv bench clean-cluster gpu-check gpu-wheels

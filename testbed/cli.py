@@ -35,8 +35,45 @@ __all__ = ["ArgumentParser", "add_json", "add_name", "build_parser", "console", 
 
 
 # ---------------------------------------------------------------------------------------------- cluster commands
+def _refuse_with_slurm(args: argparse.Namespace) -> None:
+    """Flags of the other backends that mean nothing under --slurm (the allocation decides the hosts)."""
+    given = [
+        flag
+        for flag, value in (
+            ("--hosts", args.hosts),
+            ("--subnet", args.subnet),
+            ("--recreate", args.recreate),
+            ("--gpus", args.gpus),
+            ("--verify", args.verify),
+            ("--accept-new-host-keys", args.accept_new_host_keys),
+            ("--no-provision", args.no_provision),
+        )
+        if value not in (None, False)
+    ]
+    if given:
+        raise InputError(
+            f"--slurm takes its hosts from the allocation: {', '.join(given)} do not apply (use --iface, --inventory, "
+            "--name, --bw and --allow-cpu)"
+        )
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     shape = shape_from_args(args)
+    if args.slurm:
+        from testbed.cluster.slurm import SlurmCluster
+
+        _refuse_with_slurm(args)
+        _, status = SlurmCluster.up(
+            registry.check_name(args.name), iface=args.iface, inventory=args.inventory, shape=shape,
+            allow_cpu=args.allow_cpu,
+        )  # fmt: skip
+        if args.json:
+            print_json({"created": True, **status})
+        else:
+            _print_lab_hosts(status, shape, f"slurm cluster {status['name']} (job {status['slurm_job']})")
+        return 0
+    if args.iface:
+        raise InputError("--iface names the data NIC of Slurm nodes: it needs --slurm (lab hosts: testbed_data_iface)")
     if args.inventory:
         from testbed.cluster.lab import LabCluster
 
@@ -58,7 +95,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     cluster, created = LocalCluster.up(
         args.name,
-        args.hosts,
+        4 if args.hosts is None else args.hosts,
         shape=shape,
         subnet=args.subnet or DEFAULT_SUBNET,
         recreate=args.recreate,
@@ -78,10 +115,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_lab_hosts(status: dict, shape: LinkShape | None) -> None:
+def _print_lab_hosts(status: dict, shape: LinkShape | None, title: str | None = None) -> None:
     hosts = status["hosts"]
     what = shape.describe() if shape else "unshaped"
-    sys.stdout.write(f"lab cluster {status['name']}: {len(hosts)} hosts up, {what} on every data NIC\n")
+    sys.stdout.write(f"{title or 'lab cluster ' + status['name']}: {len(hosts)} hosts up, {what} on every data NIC\n")
     for h in hosts:
         sys.stdout.write(
             f"  {h['name']:<12} {h['address']:<16} {h['data_iface']:<12} gpus {h.get('gpus', '?')}  "
@@ -376,7 +413,7 @@ def build_parser() -> ArgumentParser:
     p = sub.add_parser("up", help="bring up a cluster (emulated hosts, or lab hosts with --inventory)")
     add_name(p)
     add_json(p)
-    p.add_argument("--hosts", type=int, default=4, help="number of emulated hosts (default 4)")
+    p.add_argument("--hosts", type=int, help="number of emulated hosts (default 4)")
     p.add_argument("--subnet", help="private IPv4 subnet for host addresses (default 10.77.0.0/24)")
     p.add_argument("--recreate", action="store_true", help="tear down an existing cluster of this name first")
     p.add_argument("--gpus", help="emulated hosts: this machine's GPUs to share out among the hosts: all, none "
@@ -386,6 +423,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--accept-new-host-keys", action="store_true", help="lab: trust unknown SSH host keys")
     p.add_argument("--allow-cpu", action="store_true", help="lab: accept hosts without the GPUs the inventory lists")
     p.add_argument("--no-provision", action="store_true", help="lab: skip the provision playbook")
+    p.add_argument("--slurm", action="store_true", help="inside a Slurm allocation (salloc/sbatch): its nodes are the "
+                   "hosts, commands and ranks run as srun steps (no SSH)")
+    p.add_argument("--iface", help="slurm: the data NIC of every node (default: the inventory's testbed_data_iface)")
     add_shape_flags(p)
     p.set_defaults(func=cmd_up)
 

@@ -23,6 +23,10 @@ def open_cluster(name: str) -> Cluster:
     if record is None:
         up = ", ".join(registry.recorded_names()) or "none"
         raise InputError(f"no cluster named {name!r} is up (clusters up: {up}); start one with `testbed up`")
+    if record.get("backend") == "slurm":
+        from testbed.cluster.slurm import SlurmCluster
+
+        return SlurmCluster.from_record(record)
     if record.get("backend") == "lab":
         from testbed.cluster.lab import LabCluster
 

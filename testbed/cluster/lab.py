@@ -486,6 +486,16 @@ class LabCluster(Cluster):
             self._conns[name] = SSHConnection(self.specs[name].ssh, accept_new_host_keys=self.accept_new_host_keys)
         return self._conns[name]
 
+    def _fresh_conn(self, name: str) -> SSHConnection:
+        """A new connection (not the cached one): confirming shaping over it proves the host is still reachable."""
+        return SSHConnection(self.specs[name].ssh, accept_new_host_keys=False)
+
+    transport = "SSH"
+
+    def _where(self, name: str) -> dict[str, str]:
+        """How `status` says the host is reached."""
+        return {"ssh": self.specs[name].ssh.where}
+
     def _spec(self, host: Host | str) -> LabHostSpec:
         name = host if isinstance(host, str) else host.name
         if name not in self.specs:
@@ -788,7 +798,7 @@ class LabCluster(Cluster):
                 results.append({"host": n, **json.loads(res.stdout.strip().splitlines()[-1])})
             for n in names:  # a *new* connection proves the host is still reachable with the new shaping
                 spec = self.specs[n]
-                fresh = SSHConnection(spec.ssh, accept_new_host_keys=False)
+                fresh = self._fresh_conn(n)
                 try:
                     res = fresh.run(
                         self._shaping_argv(spec, "confirm", "--dev", spec.data_iface, "--json"),
@@ -797,7 +807,7 @@ class LabCluster(Cluster):
                     )
                 except (TestbedError, subprocess.TimeoutExpired) as e:
                     raise ShapingError(
-                        f"host {n}: unreachable over a new SSH connection after shaping ({e}); rolled back"
+                        f"host {n}: unreachable over a new {self.transport} connection after shaping ({e}); rolled back"
                     ) from None
                 finally:
                     fresh.close()
@@ -843,7 +853,7 @@ class LabCluster(Cluster):
                 "address": h.address,
                 "data_iface": h.data_iface,
                 "netns": None,
-                "ssh": self.specs[h.name].ssh.where,
+                **self._where(h.name),
             }
             if isinstance(f, TestbedError):
                 row.update(reachable=False, error=str(f), links={})
