@@ -13,7 +13,8 @@ scheduler's own launcher, with its process tracking, cleanup and accounting. Whe
 (scancel, time limit, node failure), slurmd ends every step; the testbed_host role's Epilog clears the shaping.
 
 Shaping needs root: as a normal user it runs `sudo -n <testbed_shaping_helper>` (the role installs the helper and a
-sudoers rule for it); as root the helper runs directly when the inventory names one, else `python -m shaping`.
+sudoers rule for it); as root the helper runs directly when the nodes come from an inventory (provisioned by the
+role), else `python -m shaping`.
 Without an inventory the hosts use this controller's Python and checkout (a shared filesystem, as on most clusters).
 """
 
@@ -200,7 +201,7 @@ class SlurmCluster(LabCluster):
                  allow_cpu: bool = False, inventory_path: str | Path | None = None):  # fmt: skip
         super().__init__(name, specs, inventory_path=inventory_path, allow_cpu=allow_cpu)
         self.job_id = str(job_id)
-        self.helper_named = helper_named  # the inventory named testbed_shaping_helper (root runs it directly)
+        self.helper_named = helper_named  # nodes from an inventory (provisioned by the role): root runs the helper
         self._alive_checked = False
 
     # ------------------------------------------------------------------------------------------------ building
@@ -244,8 +245,7 @@ class SlurmCluster(LabCluster):
             else:
                 spec = dataclasses.replace(base, ssh=ssh, data_iface=iface or base.data_iface)
             specs.append(dataclasses.replace(spec, become=os.geteuid() != 0))
-        helper_named = inventory is not None and _inventory_names_helper(inventory)
-        return cls(name, specs, job_id=job_id, helper_named=helper_named, allow_cpu=allow_cpu,
+        return cls(name, specs, job_id=job_id, helper_named=inventory is not None, allow_cpu=allow_cpu,
                    inventory_path=inventory)  # fmt: skip
 
     @classmethod
@@ -358,10 +358,15 @@ class SlurmCluster(LabCluster):
             if step_id is None:
                 time.sleep(0.2)  # paces squeue while the step registers
         if step_id is not None:
+
+            def gone() -> bool:
+                return proc.poll() is not None if proc is not None else step_name not in self.steps()
+
             self._scancel(step_id, "TERM")
-            while proc is not None and proc.poll() is None and time.monotonic() < deadline + grace_s:
-                time.sleep(0.1)
-            if proc is None or proc.poll() is None:
+            end = time.monotonic() + grace_s
+            while not gone() and time.monotonic() < end:
+                time.sleep(0.2)  # paces the checks
+            if not gone():
                 self._scancel(step_id, "KILL")
         if proc is not None:
             try:
@@ -384,8 +389,8 @@ class SlurmCluster(LabCluster):
         return {"slurm": f"job {self.job_id} node {name}"}
 
     def _shaping_argv(self, spec: LabHostSpec, *args: str) -> list[str]:
-        """sudo -n <helper> as a normal user; as root the helper itself when the inventory names one, else the
-        host's Python."""
+        """sudo -n <helper> as a normal user; as root the helper itself when the nodes come from an inventory (the
+        role installed it there), else the host's Python."""
         if spec.become:
             return ["sudo", "-n", spec.shaping_helper, *args]
         if self.helper_named:
@@ -454,14 +459,6 @@ class SlurmCluster(LabCluster):
     def rank_out_dir(self, out_dir: Path, trial_id: str) -> PurePosixPath:
         first = next(iter(self.specs.values()))
         return PurePosixPath(first.run_dir) / self.name / "trials" / trial_id
-
-
-def _inventory_names_helper(path: str | Path) -> bool:
-    import yaml
-
-    with contextlib.suppress(OSError, yaml.YAMLError):
-        return "testbed_shaping_helper" in Path(path).read_text()
-    return False
 
 
 __all__ = ["DEFAULT_SHAPING_HELPER", "NOT_IN_ALLOCATION", "SlurmCluster", "SrunConnection", "SrunRankProcess"]
