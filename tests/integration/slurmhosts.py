@@ -80,6 +80,15 @@ class SlurmLab:
         return self.lab.teardown()  # slurmd, slurmstepd, ranks: every process in the namespaces, then the namespaces
 
 
+# slurmd in the host's netns, its own UTS namespace (hostname = NodeName) and its own mount namespace: a sysfs of that
+# netns on /sys (what `ip netns exec` does: steps and the Epilog then see the host's NICs in /sys/class/net) with this
+# machine's cgroup mounts carried over onto it (slurmd 22.05 fails to start without a cgroup filesystem).
+SLURMD_SH = (
+    'mount --rbind /sys/fs/cgroup "$3" && mount -t sysfs sysfs /sys && mount --rbind "$3" /sys/fs/cgroup && '
+    'umount -l "$3" && hostname "$1" && exec slurmd -D -f "$2"'
+)
+
+
 def _start(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log, "ab") as fh:
         return subprocess.Popen(
@@ -106,7 +115,7 @@ def create_slurm_lab(tmp: Path, *, n_hosts: int = 2, prepare=None) -> SlurmLab:
 
 def _build(sl: SlurmLab, d: Path, *, epilog: Path | None, prolog: Path | None) -> None:
     lab = sl.lab
-    d.mkdir(mode=0o700)
+    d.mkdir(mode=0o755)  # munged wants execute permission for all on its socket's directory
     (d / "state").mkdir()
     (d / "spool").mkdir()
     os.chmod(d.parent, 0o755)  # munged refuses a key or socket below a group/other-writable directory
@@ -181,10 +190,12 @@ def _build(sl: SlurmLab, d: Path, *, epilog: Path | None, prolog: Path | None) -
     )
     for h in lab.hosts:
         node = sl.nodes[h.name]
+        (d / "spool" / node).mkdir()
+        (d / f"cg-{node}").mkdir()
         sl.procs.append(
             _start(
-                ["ip", "netns", "exec", h.ns, "unshare", "--uts", "sh", "-c",
-                 'hostname "$1" && exec slurmd -D -f "$2"', "sh", node, str(sl.conf)],  # fmt: skip
+                ["nsenter", f"--net=/run/netns/{h.ns}", "unshare", "--mount", "--uts", "--propagation", "private",
+                 "sh", "-c", SLURMD_SH, "sh", node, str(sl.conf), str(d / f"cg-{node}")],  # fmt: skip
                 d / f"slurmd-{node}.out",
             )
         )
