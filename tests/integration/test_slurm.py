@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import textwrap
 from pathlib import Path
@@ -96,15 +97,18 @@ def _qdiscs(sl: SlurmLab, h) -> str:
 
 def _ranks(sl: SlurmLab) -> dict[str, list[int]]:
     """Training rank processes in each host's namespace."""
-    out: dict[str, list[int]] = {}
-    for h in sl.lab.hosts:
-        pids = []
+    return {h.name: _processes(sl, b"runners.train", h) for h in sl.lab.hosts}
+
+
+def _processes(sl: SlurmLab, needle: bytes, host=None) -> list[int]:
+    """Processes in the hosts' namespaces (or one host's) whose command line holds `needle`."""
+    pids = []
+    for h in [host] if host else sl.lab.hosts:
         for pid in pids_in_netns(sl.lab.inodes[h.ns]):
             with contextlib.suppress(OSError):
-                if b"runners.train" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if needle in Path(f"/proc/{pid}/cmdline").read_bytes():
                     pids.append(pid)
-        out[h.name] = pids
-    return out
+    return pids
 
 
 def test_slurm_bad_input_is_one_line_and_changes_nothing(slurm, tmp_path):
@@ -165,9 +169,10 @@ def test_sbatch_up_slurm_and_two_host_run(slurm, tmp_path):
 
 
 def test_scancel_mid_trial_leaves_no_shaping_and_no_rank(slurm, tmp_path):
-    """A long trial (nodes from an inventory: the role's helper runs directly as root): once ranks run and both data NICs are
-    shaped, scancel the job: the Epilog clears the shaping, Slurm ends the ranks, the job is CANCELLED; afterwards
-    the cluster fails with one line and `down` forgets it."""
+    """A long trial (nodes from an inventory: the role's helper runs directly as root): once ranks run and both data
+    NICs are shaped, the controller is killed (cleans up nothing) and the job scancelled: Slurm ends the ranks, the
+    Epilog clears the shaping, the job is CANCELLED, the nodes idle; afterwards the cluster fails with one line and
+    `down` forgets it."""
     name = new_name()
     env = _env(slurm, tmp_path)
     inv = slurm.lab.inventory()
@@ -177,7 +182,8 @@ def test_scancel_mid_trial_leaves_no_shaping_and_no_rank(slurm, tmp_path):
     job = _sbatch(slurm, tmp_path, f"""
         {PYTHON} -m testbed.cli up --slurm --inventory {inv_path} --name {name}
         {PYTHON} -m testbed.cli run --name {name} --model mlp --iters 100000 --warmup-iters 1 --batch-size 8 \\
-            --bw 100mbit --world-size 2 --no-probe --out {tmp_path / 'results'} --timeout 600
+            --bw 100mbit --world-size 2 --no-probe --out {tmp_path / 'results'} --timeout 600 || true
+        exec sleep 3600  # the allocation outlives its controller, like an salloc shell
         """, env)  # fmt: skip
 
     def running_and_shaped() -> bool:
@@ -189,17 +195,29 @@ def test_scancel_mid_trial_leaves_no_shaping_and_no_rank(slurm, tmp_path):
     wait_for(running_and_shaped, 240, "ranks running and shaping applied on both nodes", 0.5)
     for h in slurm.lab.hosts:
         assert "ifb-data0" in slurm.lab.netns_exec(h, "ip", "link").stdout
+    # the worst case: the controller (`testbed run` in the batch step) dies first and cleans up nothing, so what
+    # follows is Slurm's doing (ending the steps) and the Epilog's (clearing the shaping)
+    controller = _processes(slurm, b"testbed.cli\x00run")
+    assert len(controller) == 1, controller
+    os.kill(controller[0], signal.SIGKILL)
+    wait_for(lambda: not _processes(slurm, b"testbed.cli\x00run"), 10, "the controller to die")
+    assert all(_ranks(slurm).values()) and all("7e57" in _qdiscs(slurm, h) for h in slurm.lab.hosts)
     res = slurm.slurm("scancel", job)
     assert res.returncode == 0, res.stderr
 
-    def settled() -> bool:
-        return (
-            slurm.job_state(job) == "CANCELLED"
-            and not any(_ranks(slurm).values())
-            and all("7e57" not in _qdiscs(slurm, h) for h in slurm.lab.hosts)
-        )
+    seen: dict = {}
 
-    wait_for(settled, 120, "the job cancelled, its ranks gone and the Epilog's clearing", 0.5)
+    def settled() -> bool:
+        seen.update(state=slurm.job_state(job), ranks=_ranks(slurm), qdiscs=[_qdiscs(slurm, h) for h in slurm.lab.hosts])
+        return seen["state"] == "CANCELLED" and not any(seen["ranks"].values()) and "7e57" not in str(seen["qdiscs"])
+
+    try:
+        wait_for(settled, 60, "the job cancelled, its ranks gone and the Epilog's clearing", 0.5)
+    except AssertionError as e:
+        logs = {f.name: f.read_text()[-1500:] for f in sorted((slurm.conf.parent).glob("slurmd-*.log"))}
+        raise AssertionError(f"{e}: {seen}; {logs}") from None
+    # the Epilog succeeded on both nodes (a failing one drains the node)
+    wait_for(lambda: set(slurm.node_states().values()) == {"idle"}, 60, "both nodes idle again", 0.5)
     for h in slurm.lab.hosts:
         assert "ingress" not in _qdiscs(slurm, h)
         assert "ifb-data0" not in slurm.lab.netns_exec(h, "ip", "link").stdout
