@@ -37,7 +37,7 @@ from typing import Any
 from shaping.plan import LinkShape
 from testbed.cluster import registry
 from testbed.cluster.base import Host, RankProcess
-from testbed.cluster.lab import DEFAULT_RUN_DIR, DEFAULT_SHAPING_HELPER, LabCluster, LabHostSpec, load_inventory
+from testbed.cluster.lab import DEFAULT_RUN_DIR, LabCluster, LabHostSpec, load_inventory
 from testbed.cluster.ssh import SSHTarget, command_line
 from testbed.errors import ClusterError, InputError, LaunchError, TestbedError
 
@@ -461,4 +461,4 @@ class SlurmCluster(LabCluster):
         return PurePosixPath(first.run_dir) / self.name / "trials" / trial_id
 
 
-__all__ = ["DEFAULT_SHAPING_HELPER", "NOT_IN_ALLOCATION", "SlurmCluster", "SrunConnection", "SrunRankProcess"]
+__all__ = ["NOT_IN_ALLOCATION", "SlurmCluster", "SrunConnection", "SrunRankProcess"]

@@ -71,12 +71,18 @@ class SlurmLab:
         return "UNKNOWN"
 
     def teardown(self) -> list[str]:
+        sessions = {p.pid for p in self.procs}
         for p in reversed(self.procs):
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
+        for pid in _in_sessions(sessions):  # helpers a daemon forked into another group (slurmctld's slurmscriptd)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not _in_sessions(sessions), 10, "the Slurm daemons' helpers to exit", 0.1)
         return self.lab.teardown()  # slurmd, slurmstepd, ranks: every process in the namespaces, then the namespaces
 
 
@@ -87,6 +93,18 @@ SLURMD_SH = (
     'mount --rbind /sys/fs/cgroup "$3" && mount -t sysfs sysfs /sys && mount --rbind "$3" /sys/fs/cgroup && '
     'umount -l "$3" && hostname "$1" && exec slurmd -D -f "$2"'
 )
+
+
+def _in_sessions(sessions: set[int]) -> list[int]:
+    """Processes whose session id is one of `sessions` (every daemon here was started in a session of its own)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[3]) in sessions:
+                    out.append(int(entry))
+    return out
 
 
 def _start(argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> subprocess.Popen:
