@@ -48,7 +48,7 @@ class Cluster(abc.ABC):
     """A set of hosts that can run commands, start ranks and shape their data links."""
 
     name: str
-    backend: str  # "local" | "lab"
+    backend: str  # "local" | "lab" | "slurm"
 
     @abc.abstractmethod
     def hosts(self) -> list[Host]: ...
