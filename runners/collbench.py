@@ -14,9 +14,9 @@ on GPU), stop both clocks. Rank 0 gathers every rank's times and writes one JSON
           collective: what it takes from compute that runs beside it on the same cores)
   algbw_bps = 8n / median(wall_s);  busbw_bps = algbw x 2(p-1)/p (all-reduce), x (p-1)/p (all-gather)
 
-the contention probe (sizes from a quarter of the largest up): the collective started asynchronously while the rank
-runs short pieces of compute (a small matmul, timed alone first) until it completes;
-  stolen_s = elapsed - pieces x piece time: the compute the collective took from the rank while it ran;
+the contention probe (the largest size): training steps of a small CNN timed alone, then again while a thread runs the
+collective back to back on every rank (see _stream_probe);
+  stolen_s = (steps' time with the stream - alone) / collectives overlapped: compute each collective took from a rank;
 and the local probe: median seconds of ``x.add_(y)`` (a reduction) and ``x.copy_(y)`` over the largest size.
 """
 
@@ -39,21 +39,84 @@ def bus_factor(collective: str, world_size: int) -> float:
     return 2 * (p - 1) / p if collective == "allreduce" else (p - 1) / p
 
 
-def _chunk_time(chunk, sync, done, n: int = 400) -> float:
-    """Seconds per step of the probe's loop alone (a compute chunk, a synchronise and the completion check on a work
-    already done), so the loop's own overhead is not counted as stolen: the median of 8 runs of n/8 steps."""
-    for _ in range(20):
-        chunk()
-    sync()
+def _training_step(torch, device, sync):
+    """The compute of the contention probe: one training step (forward, backward) of a small residual CNN, the
+    memory-bound kind of work a collective competes with during a real backward (a small matmul stays in cache and
+    under-counts it). Returns (step, seconds per step alone)."""
+    import torch.nn as nn
+
+    def block(c_in: int, c_out: int, stride: int) -> nn.Module:
+        return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
+                             nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())  # fmt: skip
+
+    net = nn.Sequential(block(3, 32, 1), block(32, 64, 2), block(64, 128, 2), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(128, 10)).to(device)  # fmt: skip
+    xb = torch.randn(32, 3, 64, 64, device=device)
+    yb = torch.randint(0, 10, (32,), device=device)
+
+    def step() -> None:
+        net.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(xb), yb).backward()
+        sync()
+
+    for _ in range(2):
+        step()
     runs = []
-    for _ in range(8):
+    for _ in range(3):
         t0 = time.perf_counter()
-        for _ in range(n // 8):
-            chunk()
-            sync()
-            done.is_completed()
-        runs.append((time.perf_counter() - t0) / (n // 8))
-    return statistics.median(runs)
+        step()
+        runs.append(time.perf_counter() - t0)
+    return step, statistics.median(runs)
+
+
+def _stream_probe(dist, torch, device, step, steps: int, op, sync, barrier) -> tuple[float, float]:
+    """`steps` training steps alone, then again while a thread keeps `op` (a collective) running back to back on
+    every rank; returns (median seconds per collective, compute seconds each collective took from this rank):
+
+        stolen per collective = (time with the stream - time alone) / collectives that overlapped the steps
+
+    The ranks stop the stream together: before each collective they all-reduce (MAX) a flag that a rank sets when its
+    steps are done, so every rank issues the same collectives in the same order (only the thread talks meanwhile)."""
+    import threading
+
+    barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    alone = time.perf_counter() - t0
+    barrier()
+    done = threading.Event()
+    spans: list[tuple[float, float]] = []
+    failed: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            while True:
+                flag = torch.tensor([1.0 if done.is_set() else 0.0], device=device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                if flag.item() > 0:
+                    return
+                s = time.perf_counter()
+                op()
+                sync()
+                spans.append((s, time.perf_counter()))
+        except BaseException as e:  # noqa: BLE001  re-raised in the main thread
+            failed.append(e)
+
+    thread = threading.Thread(target=stream, name="collbench-stream", daemon=True)
+    thread.start()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    t1 = time.perf_counter()
+    done.set()
+    thread.join()
+    if failed:
+        raise failed[0]
+    overlapped = sum(max(0.0, min(e, t1) - max(s, t0)) / (e - s) for s, e in spans if e > s)
+    per_op = statistics.median(e - s for s, e in spans) if spans else 0.0
+    stolen = max(0.0, (t1 - t0) - alone) / overlapped if overlapped > 0 else 0.0
+    return per_op, stolen
 
 
 def run(args: CollBenchArgs, env: RankEnv) -> dict:
@@ -113,40 +176,23 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
                     op()
                 times = [timed(op) for _ in range(args.reps)]
                 results.append({"collective": name, "bytes": numel * 4, "times": times})
-        # contention probe: how much compute a collective takes from the rank while it runs beside it (gloo: the
-        # copies, reductions and socket work on the same cores; NCCL: the SMs and copy engines it occupies)
-        a_mm = torch.rand(160, 160, device=device)
-        chunk = lambda: torch.mm(a_mm, a_mm)  # noqa: E731  one short piece of compute
-        done = dist.all_reduce(torch.zeros(1, device=device), async_op=True)
-        done.wait()
-        chunk_s = _chunk_time(chunk, sync, done)
-        big_sizes = [s for s in args.sizes_bytes if s >= max(args.sizes_bytes) // 4]
+        # contention probe: how much compute a stream of collectives takes from training steps that run beside it
+        # (gloo: copies, reductions and socket work on the same cores and caches; NCCL: the SMs and copy engines)
+        step, step_s = _training_step(torch, device, sync)
+        numel = max(p, max(args.sizes_bytes) // 4 // p * p)
+        x = torch.ones(numel, dtype=torch.float32, device=device)
+        out = torch.empty(numel, dtype=torch.float32, device=device)
+        piece = x[: numel // p].clone()
+        ops = {
+            "allreduce": lambda x=x: dist.all_reduce(x),
+            "allgather": lambda out=out, piece=piece: gather_op(out, piece),
+        }
+        steps = max(2, min(8, int(2.0 / max(step_s, 1e-3))))  # about 2 s of compute per measurement
         contention = []
-        for size in big_sizes:
-            numel = max(p, size // 4 // p * p)
-            x = torch.ones(numel, dtype=torch.float32, device=device)
-            out = torch.empty(numel, dtype=torch.float32, device=device)
-            piece = x[: numel // p].clone()
-            starts = {
-                "allreduce": lambda x=x: dist.all_reduce(x, async_op=True),
-                "allgather": lambda out=out, piece=piece: gather_op(out, piece, async_op=True),
-            }
-            for name, start in starts.items():
-                stolen = []
-                for _ in range(args.reps):
-                    barrier()
-                    sync()
-                    t0 = time.perf_counter()
-                    work = start()
-                    n = 0
-                    while not work.is_completed():
-                        chunk()
-                        sync()
-                        n += 1
-                    elapsed = time.perf_counter() - t0
-                    work.wait()
-                    stolen.append((elapsed, max(0.0, elapsed - n * chunk_s)))
-                contention.append({"collective": name, "bytes": numel * 4, "times": stolen})
+        for name, op in ops.items():
+            times = [_stream_probe(dist, torch, device, step, steps, op, sync, barrier) for _ in range(args.reps)]
+            contention.append({"collective": name, "bytes": numel * 4, "times": times})
+        chunk_s = step_s
         # local reduction / copy probe on the largest size (no communication)
         big = max(args.sizes_bytes) // 4
         a = torch.ones(big, dtype=torch.float32, device=device)

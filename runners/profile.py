@@ -6,6 +6,9 @@ which DDP hands each to the hook), and, per compressor, each bucket's payload by
 (by running the compressor's hook on copies of the real gradient buckets). Format: ``testbed.profile/1``.
 
 CLI: ``python -m runners.profile --model resnet18 --batch-size 32 --compressors syncsgd,powersgd --out p.json``.
+``python -m runners.profile --companion --model resnet18 --batch-size 32 --threads 1``: a companion of a co-located
+profile (`testbed profile --colocated N` starts N - 1): trains the model on synthetic batches, prints ``ready`` once
+it is warm, and keeps training until it is killed or its parent exits.
 """
 
 from __future__ import annotations
@@ -206,6 +209,24 @@ def profile_hook(state, hook, infos, grads, iters: int, clock: Clock) -> dict:
     return out
 
 
+def companion(model: str, batch_size: int, *, image_size: int, seq_len: int, device: str = "cpu") -> None:
+    """Train `model` (forward, backward, SGD step; no communication) until killed or orphaned: the load of the other
+    ranks that share the machine while a co-located profile measures."""
+    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    spec = build(model, batch_size, image_size=image_size, seq_len=seq_len, device=dev)
+    opt = torch.optim.SGD(spec.module.parameters(), lr=1e-3)
+    parent = os.getppid()
+    step = 0
+    while os.getppid() == parent:
+        x, y = spec.make_batch(step)
+        spec.loss_fn(spec.module(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        if step == 1:
+            print("ready", flush=True)
+        step += 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="profile", description="Profile a model and compressors on one rank.")
     p.add_argument("--model", required=True)
@@ -218,8 +239,17 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--bucket-cap-mb", type=float, default=25)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="JSON file to write (required unless --companion)")
+    p.add_argument("--companion", action="store_true", help="train until killed: load for a co-located profile")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = p.parse_args(argv)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    if args.companion:
+        companion(args.model, args.batch_size, image_size=args.image_size, seq_len=args.seq_len, device=args.device)
+        return 0
+    if not args.out:
+        p.error("--out is required")
     from runners.contract import parse_value
     from runners.files import atomic_write
 

@@ -12,9 +12,9 @@ The fit (`fit_line`: slope from the large messages, intercept from the small one
         B_ar  = 2(p-1)/p * 8 / slope_ar          effective bandwidth (bits/s) of all-reduce; B_ag likewise
         efficiency eta = B_ar / rate             when calibrated at a shaped rate (clamped to (0, 1])
 
-    host time per byte s_ar, s_ag: from the contention probe (compute a collective takes from a rank running beside
-    it, `stolen_s`, the least over repetitions, since other load on the host only adds to it; per byte: the median of
-    stolen_s / n over the probed sizes); without one, from the
+    host time per byte s_ar, s_ag: from the contention probe (compute each collective of a back-to-back stream takes
+    from CNN training steps running beside it on the rank, `stolen_s`, the median over repetitions; per byte: the
+    median of stolen_s / n over the probed sizes); without one, from the
     slope of the process CPU time (which misses the kernel's socket work done outside the process).
         a rank sends (and receives) 2(p-1)/p n bytes in an all-reduce and reduces (p-1)/p n of them;
         in an all-gather it sends (p-1)/p n and reduces nothing. So
@@ -244,7 +244,7 @@ def calibration_from_bench(
     )
     contention = tuple(
         ContentionSample(
-            c["collective"], int(c["bytes"]), statistics.median(c["wall_s"]), min(c["stolen_s"])
+            c["collective"], int(c["bytes"]), statistics.median(c["wall_s"]), statistics.median(c["stolen_s"])
         )  # fmt: skip
         for c in bench.get("contention") or ()
     )

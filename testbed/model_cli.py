@@ -25,6 +25,7 @@ DEFAULT_PROFILES_DIR = "profiles"
 DEFAULT_BW_RANGE = "10mbit..10gbit"
 MAX_POINTS = 1000  # grid points of a --bw range: plenty for a smooth curve, and predict stays well under a second
 MAX_THREADS = 1024
+MAX_COLOCATED = 256  # companion processes a co-located profile may start
 
 
 def _console() -> Console:
@@ -114,6 +115,7 @@ def check_profile_flags(args: argparse.Namespace) -> None:
         ("--batch-size", args.batch_size, 1, None),
         ("--iters", args.iters, 1, None),
         ("--threads", args.threads, 0, MAX_THREADS),
+        ("--colocated", getattr(args, "colocated", 1), 1, MAX_COLOCATED),
         ("--image-size", args.image_size, *catalog.IMAGE_SIZE_RANGE),
         ("--seq-len", args.seq_len, *catalog.SEQ_LEN_RANGE),
     ):
@@ -176,6 +178,15 @@ def add_commands(subparsers: Any) -> None:
         default=0,
         help="CPU threads to measure with; use what each rank gets in a trial (cores / ranks per machine; "
         "local trials give each rank cores // world size). Default: torch's default (all cores)",
+    )
+    p.add_argument(
+        "--colocated",
+        type=int,
+        default=1,
+        help="ranks that compute at once on the machine the trials run on (the local emulated cluster: its world "
+        "size; a lab host: its ranks per host). N > 1 measures while N - 1 companion processes train the same model "
+        "beside the profile, so compute is timed as those ranks see it (memory bandwidth, caches, cores shared). "
+        "Default: 1",
     )
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory for the JSON (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
@@ -260,6 +271,7 @@ def profile_table(profile: pm.Profile) -> Table:
         f"{profile.forward_s * 1e3:.1f} ms, backward {profile.backward_s * 1e3:.1f} ms, optimizer "
         f"{profile.optimizer_s * 1e3:.1f} ms, {len(profile.buckets)} bucket(s), "
         f"{profile.grad_bytes / 1e6:.1f} MB of gradients"
+        + (f", {profile.colocated_ranks} ranks computing at once" if profile.colocated_ranks > 1 else "")
     )
     for col in ("compressor", "collective", "rounds", "payload MB", "ratio", "encode ms", "decode ms"):
         t.add_column(col, justify="left" if col in ("compressor", "collective") else "right")
@@ -305,6 +317,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         iters=args.iters,
         bucket_cap_mb=args.bucket_cap_mb,
         threads=args.threads,
+        colocated=args.colocated,
         status=_console().status,
         options={spec: free for spec in plugins},
         plugin_path=plugin_path,

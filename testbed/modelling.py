@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -40,9 +41,12 @@ def measure_profile(
     status: Status = _quiet,
     options: dict[str, dict[str, Any]] | None = None,
     plugin_path: str | None = None,
+    colocated: int = 1,
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
     `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it.
+    `colocated` N > 1 measures while N - 1 companion processes train the same model beside it (each with `threads`
+    threads): compute as it runs when N ranks share this machine (the local emulated cluster: its world size).
     `options`: compressor -> its options; `plugin_path`: the directory MODULE:FACTORY plugins are imported from
     (this process imports them: the profile runs here)."""
     check_device(device)
@@ -59,7 +63,13 @@ def measure_profile(
         import torch
 
         torch.set_num_threads(threads)
-    with status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor)..."):
+    if colocated < 1:
+        raise InputError(f"--colocated {colocated}: expected >= 1 (ranks computing at once on this machine)")
+    beside = f", {colocated - 1} companion rank(s) beside it" if colocated > 1 else ""
+    with (
+        status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor{beside})..."),
+        colocated_load(colocated - 1, model, batch_size, image_size, seq_len, threads, device),
+    ):
         data = profile_model(
             model,
             batch_size,
@@ -71,7 +81,61 @@ def measure_profile(
             device=device,
             options=options,
         )
+    data["colocated_ranks"] = colocated
     return pm.profile_from_dict(data, source=f"profile of {model}")
+
+
+@contextlib.contextmanager
+def colocated_load(
+    companions: int,
+    model: str,
+    batch_size: int,
+    image_size: int | None,
+    seq_len: int | None,
+    threads: int,
+    device: str,
+    ready_timeout_s: float = 300.0,
+):
+    """`companions` processes (``python -m runners.profile --companion``) training `model` while the block runs;
+    entered once every one of them says it is warm; each ended by its process group on the way out (they also exit
+    when this process does)."""
+    import selectors
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    argv = [sys.executable, "-m", "runners.profile", "--companion", "--model", model, "--batch-size",
+            str(batch_size), "--threads", str(threads), "--device", device]  # fmt: skip
+    if image_size:
+        argv += ["--image-size", str(image_size)]
+    if seq_len:
+        argv += ["--seq-len", str(seq_len)]
+    procs: list[subprocess.Popen] = []
+    try:
+        for _ in range(companions):
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True))  # fmt: skip
+        deadline = time.monotonic() + ready_timeout_s
+        for proc in procs:
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ)
+                line = proc.stdout.readline() if sel.select(max(0.0, deadline - time.monotonic())) else ""
+            if line.strip() != "ready":
+                proc.kill()
+                err = (proc.stderr.read() or "").strip().splitlines()
+                raise TestbedError(f"a companion of the co-located profile did not start: "
+                                   f"{err[-1] if err else 'no word within ' + str(ready_timeout_s) + ' s'}")  # fmt: skip
+        yield
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in procs:
+            proc.wait()
+            for stream in (proc.stdout, proc.stderr):
+                if stream:
+                    stream.close()
 
 
 def check_device(device: str) -> None:

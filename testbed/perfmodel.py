@@ -110,6 +110,7 @@ class Profile:
     bucket_cap_mb: float = 25.0
     torch_version: str = ""
     hostname: str = ""
+    colocated_ranks: int = 1  # ranks computing at once on the measuring machine (testbed profile --colocated)
 
     @property
     def grad_bytes(self) -> int:
@@ -304,6 +305,7 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             bucket_cap_mb=float(d.get("bucket_cap_mb", 25.0)),
             torch_version=str(d.get("torch_version", "")),
             hostname=str(d.get("hostname", "")),
+            colocated_ranks=int(d.get("colocated_ranks", 1)),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, InputError):
@@ -891,6 +893,7 @@ def profile_to_dict(profile: Profile) -> dict:
         "torch_version": profile.torch_version,
         "hostname": profile.hostname,
         "bucket_cap_mb": profile.bucket_cap_mb,
+        "colocated_ranks": profile.colocated_ranks,
         "forward_s": profile.forward_s,
         "backward_s": profile.backward_s,
         "optimizer_s": profile.optimizer_s,

@@ -31,7 +31,10 @@ def test_calibrate_fits_the_shaped_rate(testbed_cli, make_cluster, tmp_path):
     assert abs(fitted["bandwidth_bps"] / 200e6 - 1) <= 0.10, f"fitted {fitted['bandwidth_bps'] / 1e6:.1f} Mbit/s"
     assert 0.9 <= fitted["efficiency"] <= 1.0
     assert {s["collective"] for s in data["samples"]} == {"allreduce", "allgather"}
-    assert len(data["samples"]) == 8 and data["contention"]
+    assert len(data["samples"]) == 8
+    # the contention probe: a stream of each collective beside CNN training steps, one row per collective
+    assert sorted(c["collective"] for c in data["contention"]) == ["allgather", "allreduce"]
+    assert all(c["wall_s"] > 0 and c["stolen_s"] >= 0 for c in data["contention"])
     stored = out / f"calibration-{name}-gloo-p2-200mbit.json"
     assert json.loads(stored.read_text())["fitted"]["bandwidth_bps"] == pytest.approx(fitted["bandwidth_bps"])
     assert stored.with_suffix(".png").stat().st_size > 1000

@@ -1,0 +1,70 @@
+"""`testbed profile --colocated N`: the profile is measured while N - 1 companion processes train the same model
+beside it (the ranks that share the machine in a trial), and every companion is gone when it returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _companions(batch_size: int) -> list[int]:
+    """PIDs of companion processes of a profile at this (test-unique) batch size."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--companion" in argv and b"runners.profile" in argv and str(batch_size).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_colocated_profile_runs_companions_and_ends_them(testbed_cli, tmp_path):
+    out = tmp_path / "profiles"
+    done = testbed_cli("profile", "--model", "mlp", "--batch-size", "7", "--threads", "1", "--colocated", "3",
+                       "--iters", "2", "--compressors", "syncsgd", "--out", str(out), "--json", timeout_s=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["colocated_ranks"] == 3 and data["forward_s"] > 0
+    stored = json.loads((out / "mlp-bs7-cpu.json").read_text())
+    assert stored["colocated_ranks"] == 3
+    assert _companions(7) == [], "a companion process outlived the profile"
+
+
+def test_companion_exits_with_its_parent(tmp_path):
+    """A companion whose parent is gone stops on its own (nothing left training if the profile is killed)."""
+    # the parent starts a companion, waits for 'ready', prints its pid and exits without ending it
+    code = (
+        "import subprocess,sys\n"
+        "p=subprocess.Popen([sys.executable,'-m','runners.profile','--companion','--model','mlp','--batch-size','9',"
+        "'--threads','1'],stdout=subprocess.PIPE,text=True,start_new_session=True)\n"
+        "assert p.stdout.readline().strip()=='ready'\n"
+        "print(p.pid,flush=True)\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120)
+    assert done.returncode == 0, done.stderr
+    pid = int(done.stdout.strip())
+    deadline_s = 60.0
+    t0 = time.monotonic()
+    while _alive(pid) and time.monotonic() - t0 < deadline_s:
+        time.sleep(0.05)  # polling for the orphan to notice (it checks its parent after every step)
+    alive = _alive(pid)
+    if alive:
+        os.kill(pid, 9)
+    assert not alive, "the orphaned companion kept training"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
