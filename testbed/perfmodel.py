@@ -873,6 +873,7 @@ def synthetic_profile_dict(
         "torch_version": "",
         "hostname": "synthetic",
         "bucket_cap_mb": 25.0,
+        "colocated_ranks": 1,
         "forward_s": forward_s,
         "backward_s": backward_s,
         "optimizer_s": optimizer_s,
