@@ -1,7 +1,7 @@
 """Accuracy of the performance model against measurement, as a user would check it (issue 13).
 
-For each host count: `testbed up`, `testbed calibrate` (at --calibrate-bw), `testbed profile --threads <per rank>`
-for each model, one `testbed sweep` over rates x compressors x models, then `testbed report` with the profiles and
+For each host count n: `testbed up`, `testbed calibrate` (at --calibrate-bw), `testbed profile --threads <per rank>
+--colocated n` for each model (the n emulated hosts share this machine's cores), one `testbed sweep` over rates x compressors x models, then `testbed report` with the profiles and
 the calibration. Prints, as Markdown: the calibration, the crossover table (measured / predicted, ratio, verdict) and
 the per-trial prediction error (median and worst per compressor, then every trial).
 
@@ -93,7 +93,7 @@ def main() -> int:
             threads = max(1, cores // n)
             for m in models:
                 testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
-                        "--out", str(profiles), "--iters", str(max(3, iters // 2)))  # fmt: skip
+                        "--colocated", str(n), "--out", str(profiles), "--iters", str(max(3, iters // 2)))  # fmt: skip
             for m in models:
                 testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
                         "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),

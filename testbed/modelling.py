@@ -152,10 +152,10 @@ def check_device(device: str) -> None:
 
 
 def save_profile(profile: pm.Profile, directory: str | Path) -> Path:
-    """Write `<model>-bs<batch>-<device>.json` atomically; returns the path."""
+    """Write `<model>-bs<batch>-<device>[-colocated<N>].json` atomically; returns the path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / pm.profile_filename(profile.model, profile.batch_size, profile.device)
+    path = directory / pm.profile_filename(profile.model, profile.batch_size, profile.device, profile.colocated_ranks)
     return atomic_write(path, json.dumps(pm.profile_to_dict(profile), indent=2))
 
 

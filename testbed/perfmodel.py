@@ -324,8 +324,10 @@ def load_profile(path: str | Path) -> Profile:
     return profile_from_dict(data, source=f"profile {path}")
 
 
-def profile_filename(model: str, batch_size: int, device: str) -> str:
-    return f"{model}-bs{batch_size}-{device}.json"
+def profile_filename(model: str, batch_size: int, device: str, colocated_ranks: int = 1) -> str:
+    """`<model>-bs<batch>-<device>.json`; a co-located profile adds `-colocated<N>` (it is of another machine load)."""
+    suffix = f"-colocated{colocated_ranks}" if colocated_ranks > 1 else ""
+    return f"{model}-bs{batch_size}-{device}{suffix}.json"
 
 
 def find_profiles(directory: str | Path) -> list[Profile]:
@@ -342,14 +344,24 @@ def find_profiles(directory: str | Path) -> list[Profile]:
     return out
 
 
-def pick_profile(profiles: Iterable[Profile], model: str, batch_size: int | None = None) -> Profile | None:
-    """The profile for `model`, preferring the same batch size, then the closest one."""
+def pick_profile(
+    profiles: Iterable[Profile], model: str, batch_size: int | None = None, colocated_ranks: int | None = None
+) -> Profile | None:
+    """The profile for `model`: measured with `colocated_ranks` ranks computing at once if there is one (the report
+    passes a trial group's world size: on the local emulated cluster every rank shares this machine), else a solo
+    one, else any; among those the same batch size, then the closest one."""
     cands = [p for p in profiles if p.model == model]
     if not cands:
         return None
+
+    def colocation_rank(p: Profile) -> int:
+        if colocated_ranks is None or p.colocated_ranks == colocated_ranks:
+            return 0
+        return 1 if p.colocated_ranks == 1 else 2
+
     if batch_size is None:
-        return cands[0]
-    return min(cands, key=lambda p: (abs(p.batch_size - batch_size), p.batch_size))
+        return min(cands, key=colocation_rank)
+    return min(cands, key=lambda p: (colocation_rank(p), abs(p.batch_size - batch_size), p.batch_size))
 
 
 # --------------------------------------------------------------------------------------------- cost formulas

@@ -118,7 +118,7 @@ def build_report(
     models_without_profile = set()
     for key, g in sp.groupby(GROUP_KEYS):
         model, bs, ws = key
-        prof = pm.pick_profile(profiles, model, int(bs))
+        prof = pm.pick_profile(profiles, model, int(bs), int(ws))
         if prof is None:
             models_without_profile.add(model)
         elif prof.batch_size != int(bs):
@@ -129,7 +129,7 @@ def build_report(
         cx_rows += rows
         figures.append((f"{group_label(*key)}: per-phase time", plot_phases(g, key, out / f"phases_{stem}.png")))
     for (model, bs), gm in sp.groupby(["model", "batch_size"]):
-        prof = pm.pick_profile(profiles, model, int(bs))
+        prof = pm.pick_profile(profiles, model, int(bs), 1)  # one worker alone: the scaling plot's ideal line
         p = plot_scaling(gm, (model, bs), colors, prof, s, out / f"scaling_{model}_bs{int(bs)}.png", notes)
         if p is not None:
             figures.append((f"{group_label(model, bs)}: scaling", p))

@@ -308,7 +308,7 @@ def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: Model
     """Per ok trial: predicted vs measured iteration time (unshaped trials use their measured goodput)."""
     rows = []
     for _, r in ok.iterrows():
-        prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]))
+        prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]), int(r["world_size"]))
         if prof is None or r["compressor"] not in prof.compressor_names():
             continue
         bps = r["rate_bps"] if r["rate_bps"] > 0 else r.get("measured_goodput_bps")
@@ -361,7 +361,7 @@ def fit_efficiency_from_trials(
     s1 = replace(s, efficiency=1.0)
     picked = ok[(ok["variant"] == "syncsgd") & (ok["rate_bps"] > 0)]
     for _, r in picked.iterrows():
-        prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]))
+        prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]), int(r["world_size"]))
         if prof is None or int(r["world_size"]) < 2:
             continue
 

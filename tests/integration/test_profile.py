@@ -33,7 +33,7 @@ def test_colocated_profile_runs_companions_and_ends_them(testbed_cli, tmp_path):
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["colocated_ranks"] == 3 and data["forward_s"] > 0
-    stored = json.loads((out / "mlp-bs7-cpu.json").read_text())
+    stored = json.loads((out / "mlp-bs7-cpu-colocated3.json").read_text())
     assert stored["colocated_ranks"] == 3
     assert _companions(7) == [], "a companion process outlived the profile"
 

@@ -18,6 +18,7 @@ from testbed.perfmodel import (
     pick_profile,
     predict_curves,
     predict_iteration,
+    profile_filename,
     profile_from_dict,
     profile_to_dict,
     summarize,
@@ -332,3 +333,16 @@ def test_bad_files_and_networks(tmp_path):
     with pytest.raises(InputError, match="not in the profile"):
         predict_iteration(two_bucket_profile(), "powersgd", Network(2, 1e9))
     assert math.isinf(predict_iteration(two_bucket_profile(), "syncsgd", Network(2, 1e9)).iter_time_s) is False
+
+
+def test_pick_profile_prefers_the_trials_colocation_then_a_solo_one():
+    solo = profile_from_dict(synthetic_profile_dict(model="resnet18", batch_size=32))
+    duo = profile_from_dict({**synthetic_profile_dict(model="resnet18", batch_size=32), "colocated_ranks": 2})
+    quad = profile_from_dict({**synthetic_profile_dict(model="resnet18", batch_size=32), "colocated_ranks": 4})
+    assert pick_profile([solo, duo, quad], "resnet18", 32, 2) is duo
+    assert pick_profile([quad, solo], "resnet18", 32, 2) is solo  # no 2-rank profile: the solo one, not the 4-rank
+    assert pick_profile([quad, solo], "resnet18", 32, 4) is quad
+    assert pick_profile([quad], "resnet18", 32, 2) is quad
+    assert profile_filename("resnet18", 32, "cpu", 4) == "resnet18-bs32-cpu-colocated4.json"
+    assert profile_filename("resnet18", 32, "cpu") == "resnet18-bs32-cpu.json"
+    assert profile_to_dict(duo)["colocated_ranks"] == 2
