@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -45,9 +46,10 @@ REPO = Path(__file__).resolve().parents[2]
 NOT_IN_ALLOCATION = (
     "--slurm: not inside a Slurm allocation (SLURM_JOB_ID unset); run it under salloc or sbatch"
 )
-# What a step's task sees of this controller's environment: a login-like minimum (the rank's own variables are set on
-# its command line, as over SSH); `--export` without ALL means only these plus Slurm's own SLURM_* variables.
+# What a step's task sees of this controller's environment: a login-like minimum (the rank's own variables travel in
+# srun's environment, exported by name); `--export` without ALL means only these plus Slurm's SLURM_* variables.
 STEP_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ALIVE_STATES = ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING")
 
 
@@ -101,11 +103,14 @@ class SrunConnection:
     def __init__(self, cluster: SlurmCluster, node: str):
         self.cluster, self.node = cluster, node
 
-    def srun_argv(self, step_name: str) -> list[str]:
+    def srun_argv(self, step_name: str, env_names: tuple[str, ...] = ()) -> list[str]:
+        """`env_names`: variables the step gets from srun's own environment (named here, their values never on a
+        command line)."""
         export = f"PATH={STEP_PATH}"
         home = os.environ.get("HOME", "")
         if home and "," not in home:
             export += f",HOME={home}"
+        export += "".join(f",{n}" for n in env_names)
         return [
             _tool("srun"), "--jobid", self.cluster.job_id, "--overlap", "--nodes", "1", "--ntasks", "1",
             "-w", self.node, "--job-name", step_name, "--quiet", "--chdir", "/", f"--export={export}",
@@ -409,14 +414,19 @@ class SlurmCluster(LabCluster):
         spec = self._spec(host)
         h = host if isinstance(host, Host) else self.host(host)
         name = self.step_name()
-        line = command_line(self._host_argv(spec, argv), env=dict(env), cwd=str(workdir) if workdir else spec.project_dir)
+        # the rank's variables travel in srun's environment, exported to the step by name: no value (a user's
+        # --env secret included) appears on srun's command line, which every user of this machine can read
+        bad = [k for k in env if not _ENV_NAME.match(k)]
+        if bad:
+            raise InputError(f"environment variable name {bad[0]!r} is not valid; expected [A-Za-z_][A-Za-z0-9_]*")
+        line = command_line(self._host_argv(spec, argv), cwd=str(workdir) if workdir else spec.project_dir)
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "wb") as log:
             try:
                 proc = subprocess.Popen(
-                    [*self._conn(spec.name).srun_argv(name), "/bin/sh", "-c", line],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=client_env(),
+                    [*self._conn(spec.name).srun_argv(name, tuple(env)), "/bin/sh", "-c", line],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env={**client_env(), **env},
                     start_new_session=True,
                 )  # fmt: skip
             except OSError as e:

@@ -131,3 +131,27 @@ def test_role_prolog_and_epilog_clear_the_data_nic(script, tmp_path):
     assert (tmp_path / "calls").read_text() == "clear --dev ens1f0 --forget\n"
     helper.write_text("#!/bin/sh\nexit 3\n")  # a clear that fails: non-zero, so Slurm drains the node
     assert subprocess.run(["sh", str(path)], env={}, capture_output=True, timeout=10).returncode == 3
+
+
+def test_a_ranks_variables_reach_the_step_by_name_never_on_the_command_line(monkeypatch, tmp_path):
+    """`testbed run --env TOKEN=...` under Slurm: srun's command line (readable by every user of the machine) names
+    the variable; its value is only in srun's environment, which --export passes on to the step."""
+    monkeypatch.setattr(slurm, "_tool", lambda name: f"/usr/bin/{name}")
+    c = _cluster()
+    monkeypatch.setattr(c, "require_allocation", lambda: None)
+    seen = {}
+
+    class FakePopen:
+        def __init__(self, argv, **kw):
+            seen["argv"], seen["env"] = argv, kw["env"]
+            self.pid = 4242
+
+    monkeypatch.setattr(slurm.subprocess, "Popen", FakePopen)
+    c.start("n1", ["python", "-m", "runners.train"], env={"RANK": "0", "API_TOKEN": "s3cret-value"},
+            log_path=tmp_path / "r0.log")  # fmt: skip
+    assert not any("s3cret-value" in a for a in seen["argv"])
+    export = next(a for a in seen["argv"] if a.startswith("--export="))
+    assert export.endswith(",RANK,API_TOKEN")
+    assert seen["env"]["API_TOKEN"] == "s3cret-value" and seen["env"]["RANK"] == "0"
+    with pytest.raises(InputError, match="not valid"):
+        c.start("n1", ["true"], env={"BAD-NAME": "x"}, log_path=tmp_path / "r1.log")
