@@ -45,8 +45,9 @@ def measure_profile(
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
     `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it.
-    `colocated` N > 1 measures while N - 1 companion processes train the same model beside it (each with `threads`
-    threads): compute as it runs when N ranks share this machine (the local emulated cluster: its world size).
+    `colocated` N > 1 measures the compute phases again while N - 1 companion processes train the same model beside
+    it (each with `threads` threads): compute as it runs when N ranks share this machine (the local emulated
+    cluster: its world size); the compressors' encode/decode are timed alone and scaled by that compute slowdown.
     `options`: compressor -> its options; `plugin_path`: the directory MODULE:FACTORY plugins are imported from
     (this process imports them: the profile runs here)."""
     check_device(device)
@@ -65,22 +66,33 @@ def measure_profile(
         torch.set_num_threads(threads)
     if colocated < 1:
         raise InputError(f"--colocated {colocated}: expected >= 1 (ranks computing at once on this machine)")
-    beside = f", {colocated - 1} companion rank(s) beside it" if colocated > 1 else ""
-    with (
-        status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor{beside})..."),
-        colocated_load(colocated - 1, model, batch_size, image_size, seq_len, threads, device),
-    ):
-        data = profile_model(
-            model,
-            batch_size,
-            compressors or list(pm.COMPRESSORS),
-            image_size=image_size,
-            seq_len=seq_len,
-            iters=iters,
-            bucket_cap_mb=bucket_cap_mb,
-            device=device,
-            options=options,
-        )
+
+    def measure(names: list[str], opts: dict[str, dict[str, Any]] | None) -> dict:
+        return profile_model(model, batch_size, names, image_size=image_size, seq_len=seq_len, iters=iters,
+                             bucket_cap_mb=bucket_cap_mb, device=device, options=opts)  # fmt: skip
+
+    with status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor)..."):
+        data = measure(compressors or list(pm.COMPRESSORS), options)
+    if colocated > 1:
+        # compute (forward, backward, optimizer, bucket readiness) again with the companions beside it; the codecs
+        # are not timed beside a companion (PowerSGD's encode came out 3x the trials': its world-size-1 hand-offs to
+        # gloo's thread wait for a core) but scaled from their solo timings by the compute's own slowdown
+        with (
+            status(f"profiling {model}'s compute with {colocated - 1} companion rank(s) beside it..."),
+            colocated_load(colocated - 1, model, batch_size, image_size, seq_len, threads, device),
+        ):
+            shared = measure(["syncsgd"], None)
+        solo_index = {b["index"] for b in data["buckets"]}
+        if {b["index"] for b in shared["buckets"]} != solo_index:
+            raise TestbedError(f"the co-located profile of {model} found other DDP buckets than the solo one")
+        phases = ("forward_s", "backward_s", "optimizer_s")
+        slowdown = sum(shared[k] for k in phases) / max(1e-12, sum(data[k] for k in phases))
+        for key in (*phases, "buckets"):
+            data[key] = shared[key]
+        for comp in data["compressors"].values():
+            for b in comp["buckets"]:
+                b["encode_s"] *= slowdown
+                b["decode_s"] *= slowdown
     data["colocated_ranks"] = colocated
     return pm.profile_from_dict(data, source=f"profile of {model}")
 

@@ -29,10 +29,11 @@ def _companions(batch_size: int) -> list[int]:
 def test_colocated_profile_runs_companions_and_ends_them(testbed_cli, tmp_path):
     out = tmp_path / "profiles"
     done = testbed_cli("profile", "--model", "mlp", "--batch-size", "7", "--threads", "1", "--colocated", "3",
-                       "--iters", "2", "--compressors", "syncsgd", "--out", str(out), "--json", timeout_s=300)  # fmt: skip
+                       "--iters", "2", "--compressors", "syncsgd,fp16", "--out", str(out), "--json", timeout_s=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["colocated_ranks"] == 3 and data["forward_s"] > 0
+    assert data["compressors"]["fp16"]["buckets"][0]["encode_s"] > 0  # codecs timed alone, then scaled
     stored = json.loads((out / "mlp-bs7-cpu-colocated3.json").read_text())
     assert stored["colocated_ranks"] == 3
     assert _companions(7) == [], "a companion process outlived the profile"
