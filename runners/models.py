@@ -214,3 +214,12 @@ def count_parameters(module: nn.Module) -> int:
 
 
 __all__ = ["MODELS", "BertConfig", "BertForMaskedLM", "MLP", "SmallCNN", "ModelSpec", "build", "count_parameters"]
+
+
+MOMENTUM = 0.9
+
+
+def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
+    """The optimizer of every trial (SGD with momentum 0.9); the profile steps the same one, so its optimizer time is
+    the trials' (plain SGD measured 5 ms where the trials' momentum SGD took 13 ms on ResNet-18)."""
+    return torch.optim.SGD(params, lr=lr, momentum=MOMENTUM)

@@ -29,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from runners import compressors as registry
 from runners.buckets import BucketRecorder
 from runners.compressors.base import FlatBucket
-from runners.models import build
+from runners.models import build, make_optimizer
 from runners.timing import Clock
 
 SCHEMA = "testbed.profile/1"
@@ -106,7 +106,7 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
     recorder = BucketRecorder(clock)
     base_state, base_hook = registry.get("syncsgd", builtin=False)
     ddp.register_comm_hook(base_state, recorder.wrap(base_hook))
-    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    opt = make_optimizer(ddp.parameters(), 1e-3)
     fwd, bwd, optim, ready = [], [], [], {}
     for step in range(2 + iters):  # 2 unmeasured: DDP rebuilds its buckets after iteration 1
         x, y = spec.make_batch(step)
@@ -214,7 +214,7 @@ def companion(model: str, batch_size: int, *, image_size: int, seq_len: int, dev
     ranks that share the machine while a co-located profile measures."""
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     spec = build(model, batch_size, image_size=image_size, seq_len=seq_len, device=dev)
-    opt = torch.optim.SGD(spec.module.parameters(), lr=1e-3)
+    opt = make_optimizer(spec.module.parameters(), 1e-3)
     parent = os.getppid()
     step = 0
     while os.getppid() == parent:

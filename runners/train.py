@@ -156,13 +156,12 @@ def run(job: Job) -> int:
 
 def _train(job: Job, device) -> int:
     import psutil
-    import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from runners import compressors
     from runners.buckets import BucketRecorder, serial_reduce
-    from runners.models import build
+    from runners.models import build, make_optimizer
     from runners.timing import Clock
 
     args, state, hook = job.args, job.state, job.hook
@@ -184,7 +183,7 @@ def _train(job: Job, device) -> int:
         model.register_comm_hook(state, recorder.wrap(serial_hook))
     else:
         compressors.attach(model, state, hook)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = make_optimizer(model.parameters(), args.lr)
     probe = None
     if args.skew_probe and not getattr(state, "builtin", False):  # builtin syncsgd has no hook to probe
         from runners.timing import SkewProbe, estimate_offsets
