@@ -160,17 +160,19 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
         sync()
         return time.perf_counter() - w0, time.process_time() - c0
 
+    def collectives(size: int) -> tuple[int, dict]:
+        """The message of `size` bytes (numel a multiple of p, so the all-gather's pieces are equal) and the two
+        collectives on it: (numel, {name: op})."""
+        numel = max(p, size // 4 // p * p)
+        x = torch.ones(numel, dtype=torch.float32, device=device)
+        out = torch.empty(numel, dtype=torch.float32, device=device)
+        piece = x[: numel // p].clone()
+        return numel, {"allreduce": lambda: dist.all_reduce(x), "allgather": lambda: gather_op(out, piece)}
+
     results = []
     try:
         for size in args.sizes_bytes:
-            numel = max(p, size // 4 // p * p)  # a multiple of p, so the all-gather's pieces are equal
-            x = torch.ones(numel, dtype=torch.float32, device=device)
-            out = torch.empty(numel, dtype=torch.float32, device=device)
-            piece = x[: numel // p].clone()
-            ops = {
-                "allreduce": lambda x=x: dist.all_reduce(x),
-                "allgather": lambda out=out, piece=piece: gather_op(out, piece),
-            }
+            numel, ops = collectives(size)
             for name, op in ops.items():
                 for _ in range(args.warmup):
                     op()
@@ -179,20 +181,12 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
         # contention probe: how much compute a stream of collectives takes from training steps that run beside it
         # (gloo: copies, reductions and socket work on the same cores and caches; NCCL: the SMs and copy engines)
         step, step_s = _training_step(torch, device, sync)
-        numel = max(p, max(args.sizes_bytes) // 4 // p * p)
-        x = torch.ones(numel, dtype=torch.float32, device=device)
-        out = torch.empty(numel, dtype=torch.float32, device=device)
-        piece = x[: numel // p].clone()
-        ops = {
-            "allreduce": lambda x=x: dist.all_reduce(x),
-            "allgather": lambda out=out, piece=piece: gather_op(out, piece),
-        }
+        numel, ops = collectives(max(args.sizes_bytes))
         steps = max(2, min(8, int(2.0 / max(step_s, 1e-3))))  # about 2 s of compute per measurement
         contention = []
         for name, op in ops.items():
             times = [_stream_probe(dist, torch, device, step, steps, op, sync, barrier) for _ in range(args.reps)]
             contention.append({"collective": name, "bytes": numel * 4, "times": times})
-        chunk_s = step_s
         # local reduction / copy probe on the largest size (no communication)
         big = max(args.sizes_bytes) // 4
         a = torch.ones(big, dtype=torch.float32, device=device)
@@ -243,7 +237,7 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
         "torch_version": torch.__version__,
         "samples": rows,
         "contention": stolen_rows,
-        "compute_chunk_s": chunk_s,
+        "compute_chunk_s": step_s,
         "local_probe": {
             "bytes": big * 4,
             "reduce_s": statistics.median(lp["reduce"] for lp in locals_),

@@ -27,6 +27,7 @@ templates are not evaluated here and are refused in the values this backend read
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import importlib.resources
 import json
@@ -435,25 +436,29 @@ class LabCluster(Cluster):
         cluster = cls.from_inventory(
             inventory, name=name, accept_new_host_keys=accept_new_host_keys, allow_cpu=allow_cpu
         )
-        shaped = False
         try:
             cluster.provision(run_playbook=run_playbook, rate_bps=shape.rate_bps if shape else None)
-            if shape is not None:
-                cluster.apply_shaping(shape)
-                shaped = True
-            cluster.record = {**cluster.to_record(), "shape": shape.to_dict() if shape else None}
-            registry.save_record(name, cluster.record)
-            status = cluster.status()
-        except BaseException:
-            if shaped:
-                try:
-                    cluster.clear_shaping()
-                except TestbedError:
-                    pass
-            raise
+            status = cluster.shape_and_record(shape)
         finally:
             cluster.close()
         return cluster, status
+
+    def shape_and_record(self, shape: LinkShape | None) -> dict[str, Any]:
+        """The end of `up` once every host passed its checks: shape if asked (commit-confirmed), write the record,
+        return the status. A failure clears the shaping it applied again and leaves no record."""
+        shaped = False
+        try:
+            if shape is not None:
+                self.apply_shaping(shape)
+                shaped = True
+            self.record = {**self.to_record(), "shape": shape.to_dict() if shape else None}
+            registry.save_record(self.name, self.record)
+            return self.status()
+        except BaseException:
+            if shaped:
+                with contextlib.suppress(TestbedError):
+                    self.clear_shaping()
+            raise
 
     def to_record(self) -> dict[str, Any]:
         """What the cluster registry stores so later commands (status, run, down) can reopen this cluster."""

@@ -105,7 +105,10 @@ class SrunConnection:
 
     def srun_argv(self, step_name: str, env_names: tuple[str, ...] = ()) -> list[str]:
         """`env_names`: variables the step gets from srun's own environment (named here, their values never on a
-        command line)."""
+        command line, which every user of this machine can read)."""
+        bad = [n for n in env_names if not _ENV_NAME.match(n)]
+        if bad:
+            raise InputError(f"environment variable name {bad[0]!r} is not valid; expected [A-Za-z_][A-Za-z0-9_]*")
         export = f"PATH={STEP_PATH}"
         home = os.environ.get("HOME", "")
         if home and "," not in home:
@@ -124,17 +127,25 @@ class SrunConnection:
         pass
 
     def run_line(
-        self, line: str, *, timeout_s: float = 60.0, stdin: bytes | None = None, text: bool = True
+        self,
+        line: str,
+        *,
+        timeout_s: float = 60.0,
+        stdin: bytes | None = None,
+        text: bool = True,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess:
+        """`line` as a step on the node; `env` reaches it through srun's environment (see srun_argv)."""
         self.cluster.require_allocation()
         name = self.cluster.step_name()
-        argv = [*self.srun_argv(name), "/bin/sh", "-c", line]
+        env = env or {}
+        argv = [*self.srun_argv(name, tuple(env)), "/bin/sh", "-c", line]
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=client_env(),
+            env={**client_env(), **env},
             start_new_session=True,
         )
         try:
@@ -148,7 +159,7 @@ class SrunConnection:
     def run(
         self, argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None, timeout_s: float = 60.0
     ) -> subprocess.CompletedProcess:
-        res = self.run_line(command_line(argv, env=env, cwd=cwd), timeout_s=timeout_s)
+        res = self.run_line(command_line(argv, cwd=cwd), timeout_s=timeout_s, env=env)
         res.args = list(argv)
         return res
 
@@ -267,22 +278,9 @@ class SlurmCluster(LabCluster):
         half-done: a failure after shaping clears it again and writes no record."""
         registry.check_name(name)
         cluster = cls.from_allocation(name, iface=iface, inventory=inventory, allow_cpu=allow_cpu)
-        shaped = False
-        try:
-            cluster.require_allocation()
-            cluster.check(rate_bps=shape.rate_bps if shape else None)
-            if shape is not None:
-                cluster.apply_shaping(shape)
-                shaped = True
-            cluster.record = {**cluster.to_record(), "shape": shape.to_dict() if shape else None}
-            registry.save_record(name, cluster.record)
-            status = cluster.status()
-        except BaseException:
-            if shaped:
-                with contextlib.suppress(TestbedError):
-                    cluster.clear_shaping()
-            raise
-        return cluster, status
+        cluster.require_allocation()
+        cluster.check(rate_bps=shape.rate_bps if shape else None)
+        return cluster, cluster.shape_and_record(shape)
 
     def to_record(self) -> dict[str, Any]:
         specs = []
@@ -414,11 +412,7 @@ class SlurmCluster(LabCluster):
         spec = self._spec(host)
         h = host if isinstance(host, Host) else self.host(host)
         name = self.step_name()
-        # the rank's variables travel in srun's environment, exported to the step by name: no value (a user's
-        # --env secret included) appears on srun's command line, which every user of this machine can read
-        bad = [k for k in env if not _ENV_NAME.match(k)]
-        if bad:
-            raise InputError(f"environment variable name {bad[0]!r} is not valid; expected [A-Za-z_][A-Za-z0-9_]*")
+        # the rank's variables travel in srun's environment, exported to the step by name (srun_argv)
         line = command_line(self._host_argv(spec, argv), cwd=str(workdir) if workdir else spec.project_dir)
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
