@@ -7,8 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from labhosts import wait_for
 
 
 def _companions(batch_size: int) -> list[int]:
@@ -53,14 +54,11 @@ def test_companion_exits_with_its_parent(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120)
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout.strip())
-    deadline_s = 60.0
-    t0 = time.monotonic()
-    while _alive(pid) and time.monotonic() - t0 < deadline_s:
-        time.sleep(0.05)  # polling for the orphan to notice (it checks its parent after every step)
-    alive = _alive(pid)
-    if alive:
-        os.kill(pid, 9)
-    assert not alive, "the orphaned companion kept training"
+    try:  # the orphan notices after its current step that its parent is gone
+        wait_for(lambda: not _alive(pid), 60.0, "the orphaned companion to stop training")
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
 
 
 def _alive(pid: int) -> bool:
