@@ -14,8 +14,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
-import os
 import re
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -103,7 +103,8 @@ def probe_pair(
     mtu: int = 1500,
 ) -> ProbeResult:
     """One iperf3 measurement src -> dst with `streams` TCP streams (several processes where iperf3 < 3.16). The
-    servers are one-off processes in their own process groups, always ended."""
+    servers are one-off processes in their own process groups, always ended, with none of this shell's environment
+    (the backend gives them PATH); their logs live in a temporary folder removed afterwards."""
     check_probe_args(duration_s, streams)
     version = iperf3_version(cluster, src)
     n_proc = processes_for(version, streams)
@@ -114,7 +115,7 @@ def probe_pair(
     try:
         for p in ports:
             servers.append(cluster.start(dst, ["iperf3", "-s", "-1", "-B", dst.address, "-p", str(p)],
-                                         env=dict(os.environ), log_path=log_dir / f"server-{p}.log"))  # fmt: skip
+                                         env={}, log_path=log_dir / f"server-{p}.log"))  # fmt: skip
         deadline = time.monotonic() + 10
         for p, server in zip(ports, servers, strict=True):
             while not _listening(cluster, dst, p):
@@ -163,6 +164,7 @@ def probe_pair(
     finally:
         for server in servers:
             server.kill_group()
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def _concurrent_goodput(reports: list[tuple[float, dict]], duration_s: float) -> float | None:
