@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -124,6 +125,7 @@ def run_calibration(
                 cluster.apply_shaping(configured, hosts)
             else:
                 cluster.clear_shaping(hosts)
+    shutil.rmtree(work, ignore_errors=True)  # kept only when the run failed: its error names the logs there
     calibration = cal.calibration_from_bench(bench, cluster=cluster.name, rate_bps=rate_bps)
     path = save_calibration(calibration, out_dir)
     if figure:

@@ -9,17 +9,20 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import pids_in_netns
+from conftest import pids_in_netns, run_cli
 
 pytestmark = pytest.mark.root
 
 
-def test_calibrate_fits_the_shaped_rate(testbed_cli, make_cluster, tmp_path):
+def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_path):
     name = make_cluster(2, "--bw", "500mbit")
     out = tmp_path / "profiles"
     argv = ["calibrate", "--name", name, "--bw", "200mbit", "--sizes", "64kb,256kb,1mb,2mb", "--reps", "3"]
-    done = testbed_cli(*argv, "--out", str(out), "--json", timeout_s=120)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    done = run_cli({**cli_env, "TMPDIR": str(tmp)}, *argv, "--out", str(out), "--json", timeout_s=120)
     assert done.returncode == 0, done.stderr
+    assert list(tmp.iterdir()) == []  # its working folder (rank logs, collbench.json) is gone after a success
     data = json.loads(done.stdout)
     fitted = data["fitted"]
     if abs(fitted["bandwidth_bps"] / 200e6 - 1) > 0.10:  # the CPUs are shared: measure once more before failing
