@@ -14,8 +14,9 @@ on GPU), stop both clocks. Rank 0 gathers every rank's times and writes one JSON
           collective: what it takes from compute that runs beside it on the same cores)
   algbw_bps = 8n / median(wall_s);  busbw_bps = algbw x 2(p-1)/p (all-reduce), x (p-1)/p (all-gather)
 
-the contention probe (the largest size): training steps of a small CNN timed alone, then again while a thread runs the
-collective back to back on every rank (see _stream_probe);
+the contention probe (the smallest and the largest size): training steps of a small CNN timed alone, then again while
+a thread runs the collective back to back on every rank (see _stream_probe);
+  wall_s: per repetition the slowest rank's median time of one collective of the stream (beside compute)
   stolen_s = (steps' time with the stream - alone) / collectives overlapped: compute each collective took from a rank;
 and the local probe: median seconds of ``x.add_(y)`` (a reduction) and ``x.copy_(y)`` over the largest size.
 """
@@ -180,13 +181,16 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
                 results.append({"collective": name, "bytes": numel * 4, "times": times})
         # contention probe: how much compute a stream of collectives takes from training steps that run beside it
         # (gloo: copies, reductions and socket work on the same cores and caches; NCCL: the SMs and copy engines)
+        # at the smallest and the largest size: the collective's own time beside compute gives a latency and a
+        # per-byte slowdown; what it took from the compute, the host cost (largest size)
         step, step_s = _training_step(torch, device, sync)
-        numel, ops = collectives(max(args.sizes_bytes))
         steps = max(2, min(8, int(2.0 / max(step_s, 1e-3))))  # about 2 s of compute per measurement
         contention = []
-        for name, op in ops.items():
-            times = [_stream_probe(dist, torch, device, step, steps, op, sync, barrier) for _ in range(args.reps)]
-            contention.append({"collective": name, "bytes": numel * 4, "times": times})
+        for size in sorted({min(args.sizes_bytes), max(args.sizes_bytes)}):
+            numel, ops = collectives(size)
+            for name, op in ops.items():
+                times = [_stream_probe(dist, torch, device, step, steps, op, sync, barrier) for _ in range(args.reps)]
+                contention.append({"collective": name, "bytes": numel * 4, "times": times})
         # local reduction / copy probe on the largest size (no communication)
         big = max(args.sizes_bytes) // 4
         a = torch.ones(big, dtype=torch.float32, device=device)

@@ -130,12 +130,36 @@ class Fitted:
     allgather_fit: LineFit
     cpu_allreduce_fit: LineFit
     cpu_allgather_fit: LineFit
+    contention_latency_s: float = 0.0  # c_lat: what compute beside a collective adds per latency step
+    contention_s_per_wire_byte: float = 0.0  # c_byte: ... and per byte a rank sends
 
 
 def host_per_byte(contention: Sequence[ContentionSample], collective: str) -> float | None:
-    """Median of stolen_s / n over the contention samples of one collective (None without samples)."""
-    vals = [c.stolen_s / c.n_bytes for c in contention if c.collective == collective and c.n_bytes > 0]
-    return statistics.median(vals) if vals else None
+    """stolen_s / n of one collective's contention samples at their largest size (a small message's stolen time is
+    per message, not per byte); None without samples."""
+    mine = [c for c in contention if c.collective == collective and c.n_bytes > 0]
+    if not mine:
+        return None
+    top = max(c.n_bytes for c in mine)
+    return statistics.median(c.stolen_s / c.n_bytes for c in mine if c.n_bytes == top)
+
+
+def contention_terms(
+    contention: Sequence[ContentionSample], ar: LineFit, ag: LineFit, world_size: int
+) -> tuple[float, float]:
+    """(c_lat, c_byte): the line through each collective's wall times beside compute (two or more sizes) against
+    its line alone; intercept and slope differences per latency step and per wire byte, the two collectives averaged
+    and clamped >= 0. (0, 0) when the probe ran at fewer than two sizes."""
+    p = world_size
+    lat, byte = [], []
+    for name, idle, steps, wire in (("allreduce", ar, 2 * (p - 1), 2 * (p - 1) / p), ("allgather", ag, p - 1, (p - 1) / p)):
+        mine = [c for c in contention if c.collective == name]
+        if len({c.n_bytes for c in mine}) < 2:
+            return 0.0, 0.0
+        loaded = fit_line([c.n_bytes for c in mine], [c.wall_s for c in mine])
+        lat.append((loaded.intercept - idle.intercept) / steps)
+        byte.append((loaded.slope - idle.slope) / wire)
+    return max(0.0, statistics.fmean(lat)), max(0.0, statistics.fmean(byte))
 
 
 def fit_collectives(
@@ -165,6 +189,7 @@ def fit_collectives(
         s_ar, s_ag, source = cpu_ar.slope, cpu_ag.slope, "process CPU time"
     k = max(0.0, s_ag / f)
     gamma = max(0.0, (s_ar - 2 * f * k) / f)
+    c_lat, c_byte = contention_terms(contention, ar, ag, p)
     return Fitted(
         latency_s=max(0.0, ar.intercept / (2 * (p - 1))),
         bandwidth_bps=2 * f * 8.0 / ar.slope,
@@ -176,6 +201,8 @@ def fit_collectives(
         allgather_fit=ag,
         cpu_allreduce_fit=cpu_ar,
         cpu_allgather_fit=cpu_ag,
+        contention_latency_s=c_lat,
+        contention_s_per_wire_byte=c_byte,
     )
 
 
@@ -224,6 +251,8 @@ class Calibration:
             "latency_s": self.fitted.latency_s,
             "host_s_per_wire_byte": self.fitted.host_s_per_wire_byte,
             "reduce_s_per_byte": self.fitted.reduce_s_per_byte,
+            "contention_latency_s": self.fitted.contention_latency_s,
+            "contention_s_per_wire_byte": self.fitted.contention_s_per_wire_byte,
         }
         if self.efficiency is not None:
             out["efficiency"] = self.efficiency
@@ -292,6 +321,8 @@ def calibration_to_dict(c: Calibration) -> dict[str, Any]:
             "host_s_per_wire_byte": f.host_s_per_wire_byte,
             "host_source": f.host_source,
             "reduce_s_per_byte": f.reduce_s_per_byte,
+            "contention_latency_s": f.contention_latency_s,
+            "contention_s_per_wire_byte": f.contention_s_per_wire_byte,
             "local_reduce_s_per_byte": c.local_reduce_s_per_byte,
             "local_copy_s_per_byte": c.local_copy_s_per_byte,
             "allreduce_wall": _fit_dict(f.allreduce_fit),
@@ -420,6 +451,8 @@ class ModelTerms:
     reduce_s_per_byte: float = 0.0
     source: str = "defaults (no calibration)"
     allgather_efficiency: float | None = None  # None: `efficiency` for all-gather too
+    contention_latency_s: float = 0.0
+    contention_s_per_wire_byte: float = 0.0
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> pm.Network:
         return pm.Network(
@@ -430,7 +463,21 @@ class ModelTerms:
             host_s_per_wire_byte=self.host_s_per_wire_byte,
             reduce_s_per_byte=self.reduce_s_per_byte,
             allgather_efficiency=self.allgather_efficiency,
+            contention_latency_s=self.contention_latency_s,
+            contention_s_per_wire_byte=self.contention_s_per_wire_byte,
         )
+
+    def as_dict(self) -> dict[str, float | None]:
+        """The terms as plain data (predict's and report's JSON)."""
+        return {
+            "latency_s": self.latency_s,
+            "efficiency": self.efficiency,
+            "allgather_efficiency": self.allgather_efficiency,
+            "host_s_per_wire_byte": self.host_s_per_wire_byte,
+            "reduce_s_per_byte": self.reduce_s_per_byte,
+            "contention_latency_s": self.contention_latency_s,
+            "contention_s_per_wire_byte": self.contention_s_per_wire_byte,
+        }
 
     def describe(self) -> str:
         host = (
@@ -440,7 +487,13 @@ class ModelTerms:
             else ", no host cost"
         )
         ag = f" (all-gather {self.allgather_efficiency:.3g})" if self.allgather_efficiency is not None else ""
-        return f"latency {self.latency_s * 1e6:.3g} us, efficiency {self.efficiency:.3g}{ag}{host}; {self.source}"
+        busy = (
+            f", beside compute +{self.contention_latency_s * 1e6:.3g} us per step and "
+            f"+{self.contention_s_per_wire_byte * 1e9:.3g} ns/B on the wire"
+            if self.contention_latency_s or self.contention_s_per_wire_byte
+            else ""
+        )
+        return f"latency {self.latency_s * 1e6:.3g} us, efficiency {self.efficiency:.3g}{ag}{host}{busy}; {self.source}"
 
 
 def model_terms(
@@ -466,4 +519,6 @@ def model_terms(
         terms["reduce_s_per_byte"],
         src,
         terms.get("allgather_efficiency") if efficiency is None else None,
+        terms["contention_latency_s"],
+        terms["contention_s_per_wire_byte"],
     )

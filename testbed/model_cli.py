@@ -374,7 +374,9 @@ def calibration_summary(c: cal.Calibration) -> str:
     return (
         f"fitted: latency alpha {f.latency_s * 1e6:.3g} us, all-reduce bandwidth {format_rate(f.bandwidth_bps)} "
         f"(all-gather {format_rate(f.allgather_bandwidth_bps)}), {eff}; host cost {f.host_s_per_wire_byte * 1e9:.3g} "
-        f"ns per byte on the wire, {f.reduce_s_per_byte * 1e9:.3g} ns per byte reduced{local}; "
+        f"ns per byte on the wire, {f.reduce_s_per_byte * 1e9:.3g} ns per byte reduced{local}; beside compute a "
+        f"collective takes {f.contention_latency_s * 1e6:.3g} us more per latency step and "
+        f"{f.contention_s_per_wire_byte * 1e9:.3g} ns more per byte on the wire; "
         f"fit residual {f.allreduce_fit.rel_rms:.1%} (all-reduce), {f.allgather_fit.rel_rms:.1%} (all-gather)"
     )
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,9 +81,11 @@ def measure_profile(
         # gloo's thread wait for a core) but scaled from their solo timings by the compute's own slowdown
         with (
             status(f"profiling {model}'s compute with {colocated - 1} companion rank(s) beside it..."),
-            colocated_load(colocated - 1, model, batch_size, image_size, seq_len, threads, device),
+            colocated_load(colocated - 1, model, batch_size, image_size, seq_len, threads, device) as load,
         ):
             shared = measure(["syncsgd"], None)
+        if device == "cpu":
+            check_companion_load(load, fair_share_cores(colocated, threads))
         solo_index = {b["index"] for b in data["buckets"]}
         if {b["index"] for b in shared["buckets"]} != solo_index:
             raise TestbedError(f"the co-located profile of {model} found other DDP buckets than the solo one")
@@ -124,9 +128,11 @@ def colocated_load(
     if seq_len:
         argv += ["--seq-len", str(seq_len)]
     procs: list[subprocess.Popen] = []
+    # a companion's stderr goes to a file, not a pipe nobody reads while it trains: a full pipe would stop it
+    errs = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in the finally)
     try:
         for _ in range(companions):
-            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errs, text=True,
                                           start_new_session=True))  # fmt: skip
         deadline = time.monotonic() + ready_timeout_s
         for proc in procs:
@@ -135,19 +141,67 @@ def colocated_load(
                 line = proc.stdout.readline() if sel.select(max(0.0, deadline - time.monotonic())) else ""
             if line.strip() != "ready":
                 proc.kill()
-                err = (proc.stderr.read() or "").strip().splitlines()
+                errs.seek(0)
+                err = errs.read().strip().splitlines()
                 raise TestbedError(f"a companion of the co-located profile did not start: "
                                    f"{err[-1] if err else 'no word within ' + str(ready_timeout_s) + ' s'}")  # fmt: skip
-        yield
+        load = CompanionLoad()
+        start_s, start_cpu = time.monotonic(), [process_cpu_s(p.pid) for p in procs]
+        yield load
+        load.wall_s = time.monotonic() - start_s
+        load.cpu_s = [process_cpu_s(p.pid) - c for p, c in zip(procs, start_cpu, strict=True)]
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         for proc in procs:
             proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                if stream:
-                    stream.close()
+            if proc.stdout:
+                proc.stdout.close()
+        errs.close()
+
+
+@dataclass
+class CompanionLoad:
+    """What the companions of a co-located profile did while it measured: wall time of the block, CPU seconds each."""
+
+    wall_s: float = 0.0
+    cpu_s: list[float] = field(default_factory=list)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (/proc/PID/stat); 0.0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+def fair_share_cores(colocated: int, threads: int) -> float:
+    """Cores one of `colocated` processes gets on this machine: its threads (all cores when 0), at most an even share."""
+    cores = os.cpu_count() or 1
+    return min(float(threads or cores), cores / colocated)
+
+
+MIN_COMPANION_SHARE = 0.5  # a companion that computed less than half its fair share did not load the machine
+MIN_CHECKED_WALL_S = 1.0  # shorter measurements are below the CPU clock's resolution: not checked
+
+
+def check_companion_load(load: CompanionLoad, share_cores: float) -> None:
+    """Refuse a co-located profile whose companions did not compute while it measured (stopped, starved or gone):
+    it would be a solo profile under the co-located name. Measurements under MIN_CHECKED_WALL_S are not checked."""
+    if load.wall_s < MIN_CHECKED_WALL_S:
+        return
+    expected = share_cores * load.wall_s
+    idle = [c for c in load.cpu_s if c < MIN_COMPANION_SHARE * expected]
+    if idle:
+        got = ", ".join(f"{c / load.wall_s:.2f}" for c in load.cpu_s)
+        raise TestbedError(
+            f"the co-located profile's companions used {got} cores over its {load.wall_s:.1f} s measurement; "
+            f"expected about {share_cores:.2g} each (at least {MIN_COMPANION_SHARE:.0%} of it): the measurement "
+            "did not run beside their load, so it was not stored; run it again on a machine nothing else loads"
+        )
 
 
 def check_device(device: str) -> None:
@@ -256,13 +310,7 @@ def prediction(
     and speedup over `baseline` at each bandwidth, the best speedup and the crossover. `terms`: the collective
     terms (calibration.model_terms); default: the model's defaults, no calibration."""
     terms = terms or cal.model_terms(None)
-    model = {
-        "latency_s": terms.latency_s,
-        "efficiency": terms.efficiency,
-        "host_s_per_wire_byte": terms.host_s_per_wire_byte,
-        "reduce_s_per_byte": terms.reduce_s_per_byte,
-        "allgather_efficiency": terms.allgather_efficiency,
-    }
+    model = terms.as_dict()
     if world_size < 1:
         raise InputError(f"--world-size {world_size}: expected >= 1")
     names = compressors or profile.compressor_names()
@@ -281,7 +329,7 @@ def prediction(
         bandwidths_bps,
         compressors=sorted(set(names) | {baseline}),
         hook_blocks_backward=hook_blocks_backward,
-        **model,
+        terms=terms.network(max(1, world_size), 1.0),
     )
     summary = pm.summarize(
         prof,
@@ -290,7 +338,7 @@ def prediction(
         baseline=baseline,
         compressors=names,
         hook_blocks_backward=hook_blocks_backward,
-        **model,
+        terms=terms.network(max(1, world_size), 1.0),
     )
     base = curves[baseline]
     out: dict[str, Any] = {

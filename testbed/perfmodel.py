@@ -155,12 +155,16 @@ class Network:
     host_s_per_wire_byte: float = 0.0  # k: host time per byte a rank sends (copies, socket stack); calibrated
     reduce_s_per_byte: float = 0.0  # gamma: host time per byte a rank reduces; calibrated
     allgather_efficiency: float | None = None  # all-gather's fraction of the link when it differs (None: efficiency)
+    # what running beside the ranks' compute adds to a collective (calibrated by the contention probe): per latency
+    # step, and per byte a rank sends
+    contention_latency_s: float = 0.0
+    contention_s_per_wire_byte: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("host_s_per_wire_byte", "reduce_s_per_byte"):
+        for name in ("host_s_per_wire_byte", "reduce_s_per_byte", "contention_latency_s", "contention_s_per_wire_byte"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
-                raise InputError(f"{name} {v!r}: expected a finite number >= 0 (seconds per byte)")
+                raise InputError(f"{name} {v!r}: expected a finite number >= 0 (seconds)")
         if int(self.world_size) != self.world_size or self.world_size < 1:
             raise InputError(f"world size {self.world_size!r}: expected an integer >= 1")
         if not (self.bandwidth_bps > 0 and math.isfinite(self.bandwidth_bps)):
@@ -422,7 +426,23 @@ def collective_time_s(collective: str, n_bytes: float, rounds: int, net: Network
     if collective == "allgather" and net.allgather_efficiency is not None:
         eff = net.allgather_efficiency
     latency = fn(0.0, p, b, net.latency_s, eff, rounds)
-    return latency + max(fn(n_bytes, p, b, 0.0, eff, rounds), collective_host_s(collective, n_bytes, net))
+    body = max(fn(n_bytes, p, b, 0.0, eff, rounds), collective_host_s(collective, n_bytes, net))
+    return latency + body + collective_contention_s(collective, n_bytes, rounds, net)
+
+
+def collective_contention_s(collective: str, n_bytes: float, rounds: int, net: Network) -> float:
+    """What a collective loses to the compute running beside it (calibrated; 0 without a calibration): every latency
+    step pays `contention_latency_s` (a peer's thread waits for a core) and every byte a rank sends
+    `contention_s_per_wire_byte` (the pipe idles while its sender is descheduled):
+        all-reduce  2(p-1) r * c_lat + 2(p-1)/p * n * c_byte      all-gather  (p-1) r * c_lat + (p-1) * n_c * c_byte"""
+    p = net.world_size
+    if p <= 1 or not (net.contention_latency_s or net.contention_s_per_wire_byte):
+        return 0.0
+    if collective == "allreduce":
+        steps, wire = 2 * (p - 1) * rounds, 2 * (p - 1) / p * n_bytes
+    else:
+        steps, wire = (p - 1) * rounds, (p - 1) * n_bytes
+    return steps * net.contention_latency_s + wire * net.contention_s_per_wire_byte
 
 
 def compute_finish_s(now: float, work_s: float, busy: Sequence[tuple[float, float, float]]) -> float:
@@ -551,35 +571,27 @@ def predict_curves(
     bandwidths_bps: Sequence[float],
     *,
     compressors: Sequence[str] | None = None,
-    latency_s: float = 0.0,
-    efficiency: float = 1.0,
+    terms: Network | None = None,
     hook_blocks_backward: bool = False,
-    host_s_per_wire_byte: float = 0.0,
-    reduce_s_per_byte: float = 0.0,
-    allgather_efficiency: float | None = None,
 ) -> dict[str, list[Prediction]]:
-    """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth."""
+    """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth. `terms`: the
+    collective terms (latency, efficiency, host and contention costs) as a Network whose world size and bandwidth
+    are replaced by the arguments'; default: none of them (plain alpha-beta with alpha 0)."""
     names = list(compressors) if compressors else profile.compressor_names()
-    out: dict[str, list[Prediction]] = {}
-    for name in names:
-        out[name] = [
-            predict_iteration(
-                profile,
-                name,
-                Network(
-                    world_size,
-                    float(b),
-                    latency_s,
-                    efficiency,
-                    host_s_per_wire_byte,
-                    reduce_s_per_byte,
-                    allgather_efficiency,
-                ),
-                hook_blocks_backward=hook_blocks_backward,
-            )
+    return {
+        name: [
+            predict_iteration(profile, name, at(terms, world_size, b), hook_blocks_backward=hook_blocks_backward)
             for b in bandwidths_bps
         ]
-    return out
+        for name in names
+    }
+
+
+def at(terms: Network | None, world_size: int, bandwidth_bps: float) -> Network:
+    """`terms` (a Network used as the collective terms) for `world_size` workers at `bandwidth_bps`."""
+    if terms is None:
+        return Network(int(world_size), float(bandwidth_bps))
+    return replace(terms, world_size=int(world_size), bandwidth_bps=float(bandwidth_bps))
 
 
 def log_grid(low_bps: float, high_bps: float, points: int) -> list[float]:
@@ -677,24 +689,16 @@ def crossover(
     high_bps: float,
     *,
     baseline: str = "syncsgd",
-    latency_s: float = 0.0,
-    efficiency: float = 1.0,
+    terms: Network | None = None,
     hook_blocks_backward: bool = False,
     points: int = 64,
-    host_s_per_wire_byte: float = 0.0,
-    reduce_s_per_byte: float = 0.0,
-    allgather_efficiency: float | None = None,
 ) -> Crossover:
-    """Bandwidth B* in [low, high] where `compressor`'s predicted iteration time equals `baseline`'s."""
+    """Bandwidth B* in [low, high] where `compressor`'s predicted iteration time equals `baseline`'s (`terms` as in
+    predict_curves)."""
 
     def t(name: str, b: float) -> float:
         return predict_iteration(
-            profile,
-            name,
-            Network(
-                world_size, b, latency_s, efficiency, host_s_per_wire_byte, reduce_s_per_byte, allgather_efficiency
-            ),
-            hook_blocks_backward=hook_blocks_backward,
+            profile, name, at(terms, world_size, b), hook_blocks_backward=hook_blocks_backward
         ).iter_time_s
 
     kind, b_star, wins_below, crossings = find_crossover(
@@ -719,27 +723,13 @@ def summarize(
     *,
     baseline: str = "syncsgd",
     compressors: Sequence[str] | None = None,
-    latency_s: float = 0.0,
-    efficiency: float = 1.0,
+    terms: Network | None = None,
     hook_blocks_backward: bool = False,
-    host_s_per_wire_byte: float = 0.0,
-    reduce_s_per_byte: float = 0.0,
-    allgather_efficiency: float | None = None,
 ) -> dict[str, SpeedupSummary]:
-    """Best speedup over `baseline` in the range, and the crossover, per compressor."""
+    """Best speedup over `baseline` in the range, and the crossover, per compressor (`terms` as in predict_curves)."""
     names = list(compressors) if compressors else profile.compressor_names()
-    curves = predict_curves(
-        profile,
-        world_size,
-        bandwidths_bps,
-        compressors=sorted(set(names) | {baseline}),
-        latency_s=latency_s,
-        efficiency=efficiency,
-        hook_blocks_backward=hook_blocks_backward,
-        host_s_per_wire_byte=host_s_per_wire_byte,
-        reduce_s_per_byte=reduce_s_per_byte,
-        allgather_efficiency=allgather_efficiency,
-    )
+    curves = predict_curves(profile, world_size, bandwidths_bps, compressors=sorted(set(names) | {baseline}),
+                            terms=terms, hook_blocks_backward=hook_blocks_backward)  # fmt: skip
     base = curves[baseline]
     lo, hi = min(bandwidths_bps), max(bandwidths_bps)
     out = {}
@@ -747,20 +737,8 @@ def summarize(
         speedups = [b.iter_time_s / c.iter_time_s for b, c in zip(base, curves[name], strict=True)]
         i = max(range(len(speedups)), key=speedups.__getitem__)
         cx = (
-            crossover(
-                profile,
-                name,
-                world_size,
-                lo,
-                hi,
-                baseline=baseline,
-                latency_s=latency_s,
-                efficiency=efficiency,
-                hook_blocks_backward=hook_blocks_backward,
-                host_s_per_wire_byte=host_s_per_wire_byte,
-                reduce_s_per_byte=reduce_s_per_byte,
-                allgather_efficiency=allgather_efficiency,
-            )
+            crossover(profile, name, world_size, lo, hi, baseline=baseline, terms=terms,
+                      hook_blocks_backward=hook_blocks_backward)  # fmt: skip
             if lo < hi
             else Crossover(name, baseline, "always" if speedups[0] > 1 else "never", None, lo, hi)
         )

@@ -243,16 +243,9 @@ def network(ws: int, bps: float, delay_s: float, s: ModelSettings) -> pm.Network
     return s.terms(ws).network(int(ws), float(bps), _delay(delay_s))
 
 
-def crossover_kwargs(ws: int, delay_s: float, s: ModelSettings) -> dict[str, float | None]:
+def crossover_terms(ws: int, delay_s: float, s: ModelSettings) -> pm.Network:
     """The collective terms of `pm.crossover` for a group of `ws` workers (trial delay added to the latency)."""
-    t = s.terms(ws)
-    return {
-        "latency_s": t.latency_s + _delay(delay_s),
-        "efficiency": t.efficiency,
-        "host_s_per_wire_byte": t.host_s_per_wire_byte,
-        "reduce_s_per_byte": t.reduce_s_per_byte,
-        "allgather_efficiency": t.allgather_efficiency,
-    }
+    return network(ws, 1.0, delay_s, s)
 
 
 def effective_rate(rate_bps: float, goodput_bps: float | None) -> float:

@@ -21,7 +21,7 @@ from testbed.report.analysis import (  # noqa: E402
     base_compressor,
     baseline_description,
     counted_variants,
-    crossover_kwargs,
+    crossover_terms,
     crossover_verdict,
     describe_crossover,
     effective_rate,
@@ -151,7 +151,7 @@ def plot_time_vs_bandwidth(
                 hi_bps,
                 baseline=baseline,
                 hook_blocks_backward=s.hook_blocks_backward,
-                **crossover_kwargs(int(ws), delay, s),
+                terms=crossover_terms(int(ws), delay, s),
             )
             pkind = pc.kind
             row["predicted"] = (
@@ -328,6 +328,10 @@ def plot_calibration(calibration, path: Path) -> Path:
         ax_bw.plot(grid, 8 * grid / model_t * bus_factor(coll, p) / 1e9, "-", color=color, label=f"{coll} fit")
         ax_t.plot(xs, [s.wall_s * 1e3 for s in ss], "o-", color=color, label=f"{coll} wall")
         ax_t.plot(xs, [s.cpu_s * 1e3 for s in ss], "x--", color=color, label=f"{coll} host CPU")
+        busy = sorted((s for s in c.contention if s.collective == coll), key=lambda s: s.n_bytes)
+        if busy:
+            ax_t.plot([s.n_bytes for s in busy], [s.wall_s * 1e3 for s in busy], "s:", color=color,
+                      label=f"{coll} wall beside compute")  # fmt: skip
     if c.rate_bps:
         ax_bw.axhline(c.rate_bps / 1e9, color="#7f7f7f", ls=":", label=f"shaped rate {fmt_rate(c.rate_bps)}")
     ax_bw.set_xscale("log")
@@ -342,8 +346,9 @@ def plot_calibration(calibration, path: Path) -> Path:
     ax_t.set_xlabel("message size (bytes)")
     ax_t.set_ylabel("time per collective (ms)")
     ax_t.set_title(
-        f"host cost k {f.host_s_per_wire_byte * 1e9:.3g} ns/B wire, gamma {f.reduce_s_per_byte * 1e9:.3g} ns/B reduced",
-        fontsize=9,
+        f"host cost k {f.host_s_per_wire_byte * 1e9:.3g} ns/B wire, gamma {f.reduce_s_per_byte * 1e9:.3g} ns/B reduced; "
+        f"beside compute +{f.contention_latency_s * 1e6:.3g} us/step, +{f.contention_s_per_wire_byte * 1e9:.3g} ns/B",
+        fontsize=8,
     )
     for ax in (ax_bw, ax_t):
         ax.grid(True, which="both", alpha=0.3)

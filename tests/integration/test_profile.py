@@ -67,3 +67,33 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_companion_load_check_refuses_idle_companions():
+    """A co-located profile whose companions did not compute (stopped, starved, gone) is refused, not stored as one."""
+    from testbed.errors import TestbedError
+    from testbed.modelling import CompanionLoad, check_companion_load
+
+    check_companion_load(CompanionLoad(wall_s=4.0, cpu_s=[1.9, 2.1, 1.8]), share_cores=0.5)  # fair: ~2 s each
+    try:
+        check_companion_load(CompanionLoad(wall_s=4.0, cpu_s=[1.9, 0.1, 1.8]), share_cores=0.5)
+    except TestbedError as exc:
+        assert "0.03" in str(exc) and "not stored" in str(exc)
+    else:
+        raise AssertionError("an idle companion went unnoticed")
+    check_companion_load(CompanionLoad(wall_s=0.2, cpu_s=[0.0]), share_cores=0.5)  # too short to tell: not checked
+
+
+def test_process_cpu_s_counts_a_busy_child(tmp_path):
+    """CPU seconds read from /proc grow while a process computes and are 0.0 once it is gone."""
+    from testbed.modelling import process_cpu_s
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nt=time.process_time()\nwhile time.process_time()-t<0.5: pass\nprint('done',flush=True)\ninput()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "done"
+        assert process_cpu_s(proc.pid) >= 0.45
+    finally:
+        proc.kill()
+        proc.wait()
+    assert process_cpu_s(proc.pid) == 0.0

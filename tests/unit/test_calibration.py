@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -15,23 +16,29 @@ SIZES = (16_384, 262_144, 1_048_576, 4_194_304, 16_777_216)
 
 
 def synthetic_bench(
-    p: int, alpha_s: float, b_ar_bps: float, b_ag_bps: float, k: float, gamma: float, *, burst_small: bool = False
-) -> dict:
-    """What runners.collbench would write on a cluster that follows the model's equations exactly."""
+    p: int, alpha_s: float, b_ar_bps: float, b_ag_bps: float, k: float, gamma: float, *, burst_small: bool = False,
+    c_lat: float = 0.0, c_byte: float = 0.0,
+) -> dict:  # fmt: skip
+    """What runners.collbench would write on a cluster that follows the model's equations exactly; beside compute
+    (the contention probe, at the smallest and the largest size) a collective takes c_lat more per latency step and
+    c_byte more per wire byte, and at the smallest size it steals far more per byte (a per-message cost)."""
     f = (p - 1) / p
     samples, contention = [], []
     for n in SIZES:
-        for coll, wall, host in (
-            ("allreduce", 2 * (p - 1) * alpha_s + 2 * f * 8 * n / b_ar_bps, f * n * (2 * k + gamma)),
-            ("allgather", (p - 1) * alpha_s + f * 8 * n / b_ag_bps, f * n * k),
-        ):
+        for coll, wall, host, steps, wire in (
+            ("allreduce", 2 * (p - 1) * alpha_s + 2 * f * 8 * n / b_ar_bps, f * n * (2 * k + gamma), 2 * (p - 1),
+             2 * f * n),
+            ("allgather", (p - 1) * alpha_s + f * 8 * n / b_ag_bps, f * n * k, p - 1, f * n),
+        ):  # fmt: skip
             if burst_small and n == SIZES[0]:
                 wall *= 0.5  # a shaper's burst lets the smallest message through faster than the rate
             samples.append({"collective": coll, "bytes": n, "wall_s": [wall] * 3, "cpu_s": [host / 2] * 3,
                             "algbw_bps": 8 * n / wall, "busbw_bps": 0.0})  # fmt: skip
-            if n >= SIZES[-1] // 4:
-                contention.append({"collective": coll, "bytes": n, "wall_s": [wall] * 3,
-                                   "stolen_s": [host * 0.5, host, host * 3]})  # fmt: skip
+            if n in (SIZES[0], SIZES[-1]):
+                busy = wall + steps * c_lat + wire * c_byte
+                stolen = host if n == SIZES[-1] else host * 50
+                contention.append({"collective": coll, "bytes": n, "wall_s": [busy] * 3,
+                                   "stolen_s": [stolen * 0.5, stolen, stolen * 3]})  # fmt: skip
     return {
         "schema": cal.COLLBENCH_SCHEMA,
         "backend": "gloo",
@@ -197,3 +204,39 @@ def test_host_cost_slows_overlapped_sync_sgd_by_about_its_host_time():
 def test_crossover_verdict(measured, predicted, text):
     _, verdict = crossover_verdict(*measured, *predicted, 200e6, 18e9)
     assert verdict.startswith(text)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_fit_recovers_what_compute_beside_a_collective_adds(p):
+    """The contention probe's wall times at two sizes against the idle line: c_lat per latency step, c_byte per wire
+    byte; the host cost k comes from the largest size only (the smallest message's stolen time is per message)."""
+    bench = synthetic_bench(p, 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.4e-9, c_lat=2e-3, c_byte=5e-9)
+    f = cal.calibration_from_bench(bench, cluster="c", rate_bps=10**9).fitted
+    assert f.contention_latency_s == pytest.approx(2e-3, rel=1e-6)
+    assert f.contention_s_per_wire_byte == pytest.approx(5e-9, rel=1e-6)
+    assert f.host_s_per_wire_byte == pytest.approx(1.5e-9, rel=1e-6)
+    # the probe at one size only (older calibrations): no contention terms, the rest unchanged
+    one = {**bench, "contention": [c for c in bench["contention"] if c["bytes"] == SIZES[-1]]}
+    f1 = cal.calibration_from_bench(one, cluster="c", rate_bps=10**9).fitted
+    assert (f1.contention_latency_s, f1.contention_s_per_wire_byte) == (0.0, 0.0)
+    assert f1.host_s_per_wire_byte == pytest.approx(1.5e-9, rel=1e-6)
+
+
+def test_contention_terms_reach_the_model_and_lengthen_every_collective():
+    bench = synthetic_bench(4, 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.4e-9, c_lat=2e-3, c_byte=5e-9)
+    c = cal.calibration_from_bench(bench, cluster="c", rate_bps=10**9)
+    back = cal.calibration_from_dict(json.loads(json.dumps(cal.calibration_to_dict(c))))
+    assert back.fitted.contention_latency_s == pytest.approx(2e-3)
+    terms = cal.model_terms(back)
+    assert "+2e+03 us per step" in terms.describe() and "+5 ns/B" in terms.describe()
+    net = terms.network(4, 1e9)
+    plain = dataclasses.replace(net, contention_latency_s=0.0, contention_s_per_wire_byte=0.0)
+    n = 8_000_000
+    # all-reduce: 2(p-1) steps and 2(p-1)/p n wire bytes; all-gather of n per worker: (p-1) steps, (p-1) n bytes
+    extra_ar = pm.collective_time_s("allreduce", n, 2, net) - pm.collective_time_s("allreduce", n, 2, plain)
+    assert extra_ar == pytest.approx(2 * 3 * 2 * 2e-3 + 1.5 * n * 5e-9)
+    extra_ag = pm.collective_time_s("allgather", n, 1, net) - pm.collective_time_s("allgather", n, 1, plain)
+    assert extra_ag == pytest.approx(3 * 2e-3 + 3 * n * 5e-9)
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict())
+    slow = pm.predict_iteration(prof, "powersgd", net).iter_time_s
+    assert slow > pm.predict_iteration(prof, "powersgd", plain).iter_time_s
