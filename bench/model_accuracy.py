@@ -89,7 +89,9 @@ def main() -> int:
             print(f"calibration, {n} hosts at {args.calibrate_bw}: alpha {f['latency_s'] * 1e6:.3g} us, all-reduce "
                   f"{f['bandwidth_bps'] / 1e6:.1f} Mbit/s (efficiency {f['efficiency']}), all-gather "
                   f"{f['allgather_bandwidth_bps'] / 1e6:.1f} Mbit/s, host cost {f['host_s_per_wire_byte'] * 1e9:.3g} "
-                  f"ns/B wire + {f['reduce_s_per_byte'] * 1e9:.3g} ns/B reduced ({f['host_source']})\n")  # fmt: skip
+                  f"ns/B wire + {f['reduce_s_per_byte'] * 1e9:.3g} ns/B reduced ({f['host_source']}); beside "
+                  f"compute +{f['contention_latency_s'] * 1e6:.3g} us per latency step, "
+                  f"+{f['contention_s_per_wire_byte'] * 1e9:.3g} ns per wire byte\n")  # fmt: skip
             threads = max(1, cores // n)
             for m in models:
                 testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),

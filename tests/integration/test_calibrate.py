@@ -35,9 +35,12 @@ def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_
     assert 0.9 <= fitted["efficiency"] <= 1.0
     assert {s["collective"] for s in data["samples"]} == {"allreduce", "allgather"}
     assert len(data["samples"]) == 8
-    # the contention probe: a stream of each collective beside CNN training steps, one row per collective
-    assert sorted(c["collective"] for c in data["contention"]) == ["allgather", "allreduce"]
+    # the contention probe: a stream of each collective beside CNN training steps, at the smallest and the largest
+    # size; the fit's contention terms come from them (>= 0 by construction)
+    assert sorted((c["collective"], c["bytes"]) for c in data["contention"]) == [
+        ("allgather", 64_000), ("allgather", 2_000_000), ("allreduce", 64_000), ("allreduce", 2_000_000)]  # fmt: skip
     assert all(c["wall_s"] > 0 and c["stolen_s"] >= 0 for c in data["contention"])
+    assert fitted["contention_latency_s"] >= 0 and fitted["contention_s_per_wire_byte"] >= 0
     stored = out / f"calibration-{name}-gloo-p2-200mbit.json"
     assert json.loads(stored.read_text())["fitted"]["bandwidth_bps"] == pytest.approx(fitted["bandwidth_bps"])
     assert stored.with_suffix(".png").stat().st_size > 1000
