@@ -3,7 +3,9 @@
 ``profile_model(...)`` runs on one rank (a world-size-1 gloo group on a FileStore when no group exists), measures
 forward / backward / optimizer medians, DDP's buckets (in reduction order, with the time after backward start at
 which DDP hands each to the hook), and, per compressor, each bucket's payload bytes and encode / decode medians
-(by running the compressor's hook on copies of the real gradient buckets). Format: ``testbed.profile/1``.
+(by running the compressor's hook on copies of the real gradient buckets), and ``compute_jitter_s``, the
+iteration-to-iteration spread of forward + backward + optimizer (1.4826 x median absolute deviation): what makes
+the slowest of p synchronised ranks slower than the typical one. Format: ``testbed.profile/1``.
 
 CLI: ``python -m runners.profile --model resnet18 --batch-size 32 --compressors syncsgd,powersgd --out p.json``.
 ``python -m runners.profile --companion --model resnet18 --batch-size 32 --threads 1``: a companion of a co-located
@@ -149,6 +151,7 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
         "forward_s": statistics.median(fwd),
         "backward_s": statistics.median(bwd),
         "optimizer_s": statistics.median(optim),
+        "compute_jitter_s": robust_sd([a + b + c for a, b, c in zip(fwd, bwd, optim, strict=True)]),
         "buckets": buckets,
         "compressors": {},
     }
@@ -156,6 +159,15 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
         state, hook = states[name]
         result["compressors"][name] = profile_hook(state, hook, infos, grads, iters, clock)
     return result
+
+
+def robust_sd(xs: list[float]) -> float:
+    """Standard deviation estimated from the median absolute deviation (1.4826 MAD): the spread of the typical
+    iteration, not of a rare outlier (the trials report median iteration times). 0 with fewer than 3 samples."""
+    if len(xs) < 3:
+        return 0.0
+    mid = statistics.median(xs)
+    return 1.4826 * statistics.median(abs(x - mid) for x in xs)
 
 
 def profile_hook(state, hook, infos, grads, iters: int, clock: Clock) -> dict:

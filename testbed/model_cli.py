@@ -269,7 +269,8 @@ def profile_table(profile: pm.Profile) -> Table:
     t = Table(
         title=f"{profile.model} bs{profile.batch_size} on {profile.device}: forward "
         f"{profile.forward_s * 1e3:.1f} ms, backward {profile.backward_s * 1e3:.1f} ms, optimizer "
-        f"{profile.optimizer_s * 1e3:.1f} ms, {len(profile.buckets)} bucket(s), "
+        f"{profile.optimizer_s * 1e3:.1f} ms (iteration-to-iteration spread {profile.compute_jitter_s * 1e3:.1f} ms), "
+        f"{len(profile.buckets)} bucket(s), "
         f"{profile.grad_bytes / 1e6:.1f} MB of gradients"
         + (f", {profile.colocated_ranks} ranks computing at once" if profile.colocated_ranks > 1 else "")
     )
@@ -487,7 +488,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     title = (
         f"{profile.model} bs{profile.batch_size} ({profile.device} profile), {data['world_size']} workers, "
         f"{terms.describe()}" + (f", what-if: {', '.join(knobs)}" if knobs else "")
-    )
+        + (f", +{data['straggler_s'] * 1e3:.1f} ms per iteration waiting for the slowest rank"
+           if data["straggler_s"] > 0 else "")
+    )  # fmt: skip
     console.print(title)
     t = Table(title="predicted iteration time (ms)")
     t.add_column("bandwidth", justify="right")

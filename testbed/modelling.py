@@ -91,7 +91,7 @@ def measure_profile(
             raise TestbedError(f"the co-located profile of {model} found other DDP buckets than the solo one")
         phases = ("forward_s", "backward_s", "optimizer_s")
         slowdown = sum(shared[k] for k in phases) / max(1e-12, sum(data[k] for k in phases))
-        for key in (*phases, "buckets"):
+        for key in (*phases, "compute_jitter_s", "buckets"):
             data[key] = shared[key]
         for comp in data["compressors"].values():
             for b in comp["buckets"]:
@@ -352,6 +352,7 @@ def prediction(
         "compute_speedup": compute_speedup,
         "codec_speedup": codec_speedup,
         "hook_blocks_backward": hook_blocks_backward,
+        "straggler_s": pm.straggler_s(prof.compute_jitter_s, world_size),
         "baseline": baseline,
         "bandwidths_bps": bandwidths_bps,
         "compressors": {},

@@ -27,6 +27,9 @@ The model (docs/performance-model.md has the derivation and where it breaks):
      series with backward compute:  end_i = max(ready_i + stall, end_{i-1}) + enc_i + T_comm(i) + dec_i.
    `syncsgd` (DDP's built-in all-reduce, no hook) is always overlapped.
 3. World size 1: no gradient exchange, so no communication and no encode/decode.
+4. Stragglers: every iteration ends at a synchronisation, so it waits for the slowest rank's compute. With the
+   profile's iteration-to-iteration spread sigma (`compute_jitter_s`, measured beside the co-located companions),
+   the median iteration is longer by sigma * z_p, z_p = Phi^-1((1/2)^(1/p)) (`straggler_s`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 from shaping.units import format_rate
@@ -111,6 +115,7 @@ class Profile:
     torch_version: str = ""
     hostname: str = ""
     colocated_ranks: int = 1  # ranks computing at once on the measuring machine (testbed profile --colocated)
+    compute_jitter_s: float = 0.0  # spread of one rank's forward + backward + optimizer from iteration to iteration
 
     @property
     def grad_bytes(self) -> int:
@@ -203,6 +208,7 @@ class Prediction:
     samples_per_s: float  # global: world_size * batch_size / iter_time_s
     hook_blocks_backward: bool
     timeline: tuple[BucketTimeline, ...] = ()
+    straggler_s: float = 0.0  # the slowest of world_size ranks beyond the typical one (included in iter_time_s)
 
     @property
     def compute_s(self) -> float:
@@ -310,6 +316,7 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             torch_version=str(d.get("torch_version", "")),
             hostname=str(d.get("hostname", "")),
             colocated_ranks=int(d.get("colocated_ranks", 1)),
+            compute_jitter_s=max(0.0, float(d.get("compute_jitter_s", 0.0))),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, InputError):
@@ -478,6 +485,16 @@ def compute_done_between(t0: float, t1: float, busy: Sequence[tuple[float, float
 
 
 # --------------------------------------------------------------------------------------------- iteration model
+def straggler_s(jitter_s: float, world_size: int) -> float:
+    """How much later than the typical rank the slowest of `world_size` synchronised ranks finishes its compute, in
+    the median iteration: the ranks' compute times are independent draws with spread `jitter_s` (a normal
+    approximation), and the iteration waits for their maximum, whose median is at the (1/2)^(1/p) quantile:
+    0.545 sigma for p = 2, 0.998 sigma for 4, 1.40 sigma for 8, 2.1 sigma for 64."""
+    if world_size <= 1 or jitter_s <= 0:
+        return 0.0
+    return jitter_s * NormalDist().inv_cdf(0.5 ** (1.0 / world_size))
+
+
 def predict_iteration(
     profile: Profile, compressor: str, net: Network, *, hook_blocks_backward: bool = False
 ) -> Prediction:
@@ -488,7 +505,10 @@ def predict_iteration(
     p = net.world_size
     blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
 
+    straggler = straggler_s(profile.compute_jitter_s, p)
+
     def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
+        iter_s += straggler
         return Prediction(
             compressor,
             p,
@@ -503,6 +523,7 @@ def predict_iteration(
             p * profile.batch_size / iter_s if iter_s > 0 else math.inf,
             blocks,
             tl,
+            straggler,
         )
 
     if p == 1:
@@ -756,6 +777,7 @@ def with_compute_speedup(profile: Profile, k: float) -> Profile:
         forward_s=profile.forward_s / k,
         backward_s=profile.backward_s / k,
         optimizer_s=profile.optimizer_s / k,
+        compute_jitter_s=profile.compute_jitter_s / k,
         buckets=tuple(replace(b, ready_at_s=b.ready_at_s / k) for b in profile.buckets),
     )
 
@@ -825,6 +847,7 @@ def synthetic_profile_dict(
     grad_bytes: int = 46_800_000,
     n_buckets: int = 2,
     codecs: Mapping[str, tuple[str, int, float, float, float]] | None = None,
+    compute_jitter_s: float = 0.0,
 ) -> dict:
     """A `testbed.profile/1` dict built from a handful of numbers (buckets equal, ready evenly over backward).
 
@@ -864,6 +887,7 @@ def synthetic_profile_dict(
         "hostname": "synthetic",
         "bucket_cap_mb": 25.0,
         "colocated_ranks": 1,
+        "compute_jitter_s": compute_jitter_s,
         "forward_s": forward_s,
         "backward_s": backward_s,
         "optimizer_s": optimizer_s,
@@ -885,6 +909,7 @@ def profile_to_dict(profile: Profile) -> dict:
         "hostname": profile.hostname,
         "bucket_cap_mb": profile.bucket_cap_mb,
         "colocated_ranks": profile.colocated_ranks,
+        "compute_jitter_s": profile.compute_jitter_s,
         "forward_s": profile.forward_s,
         "backward_s": profile.backward_s,
         "optimizer_s": profile.optimizer_s,

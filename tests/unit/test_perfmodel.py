@@ -21,6 +21,7 @@ from testbed.perfmodel import (
     profile_filename,
     profile_from_dict,
     profile_to_dict,
+    straggler_s,
     summarize,
     synthetic_profile_dict,
     with_codec_speedup,
@@ -280,6 +281,35 @@ def test_another_model_with_more_bytes_crosses_higher():
         crossover(big, "powersgd", 4, 1e7, 1e12).bandwidth_bps
         > crossover(small, "powersgd", 4, 1e7, 1e12).bandwidth_bps
     )
+
+
+def test_straggler_is_the_median_of_the_slowest_rank():
+    import random
+    import statistics
+
+    assert straggler_s(0.02, 1) == 0.0 and straggler_s(0.0, 8) == 0.0
+    assert straggler_s(0.02, 2) == pytest.approx(0.02 * 0.5449, rel=1e-3)
+    assert straggler_s(0.02, 4) == pytest.approx(0.02 * 0.9982, rel=1e-3)
+    # against simulation: the median over iterations of the max over p ranks of normal compute times
+    rng = random.Random(7)
+    for p in (2, 8):
+        maxima = [max(rng.gauss(0.0, 0.02) for _ in range(p)) for _ in range(20_000)]
+        assert statistics.median(maxima) == pytest.approx(straggler_s(0.02, p), rel=0.05)
+
+
+def test_jitter_lengthens_every_multi_rank_iteration_by_the_same_straggler_term():
+    d = synthetic_profile_dict()
+    steady = profile_from_dict(d)
+    jittery = profile_from_dict({**d, "compute_jitter_s": 0.01})
+    net = Network(world_size=4, bandwidth_bps=1e9)
+    for name in ("syncsgd", "powersgd", "topk"):
+        a, b = predict_iteration(steady, name, net), predict_iteration(jittery, name, net)
+        assert b.straggler_s == pytest.approx(straggler_s(0.01, 4)) and a.straggler_s == 0.0
+        assert b.iter_time_s == pytest.approx(a.iter_time_s + b.straggler_s)
+    one = Network(world_size=1, bandwidth_bps=1e9)
+    assert predict_iteration(jittery, "syncsgd", one).iter_time_s == pytest.approx(steady.compute_s)
+    assert with_compute_speedup(jittery, 2.0).compute_jitter_s == pytest.approx(0.005)
+    assert profile_from_dict({**d, "compute_jitter_s": -1.0}).compute_jitter_s == 0.0
 
 
 def test_fit_efficiency_median_ratio():

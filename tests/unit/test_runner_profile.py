@@ -6,16 +6,17 @@ import json
 
 import pytest
 
-from runners.profile import profile_model
+from runners.profile import profile_model, robust_sd
 
 
 def test_profile_format_and_values():
-    p = profile_model("cnn", 4, ["syncsgd", "powersgd", "topk"], image_size=8, iters=2, bucket_cap_mb=0.001,
+    p = profile_model("cnn", 4, ["syncsgd", "powersgd", "topk"], image_size=8, iters=3, bucket_cap_mb=0.001,
                       options={"powersgd": {"rank": 1}})  # fmt: skip
     json.dumps(p)  # serialisable
     assert set(p) == {"schema", "model", "batch_size", "image_size", "seq_len", "device", "torch_version",
-                      "hostname", "bucket_cap_mb", "forward_s", "backward_s", "optimizer_s", "buckets",
-                      "compressors"}  # fmt: skip
+                      "hostname", "bucket_cap_mb", "forward_s", "backward_s", "optimizer_s", "compute_jitter_s",
+                      "buckets", "compressors"}  # fmt: skip
+    assert 0 <= p["compute_jitter_s"] < p["forward_s"] + p["backward_s"] + p["optimizer_s"]
     assert p["schema"] == "testbed.profile/1" and p["image_size"] == 8 and p["seq_len"] is None
     assert len(p["buckets"]) >= 2 and all(b["grad_bytes"] == 4 * b["numel"] for b in p["buckets"])
     ready = [b["ready_at_s"] for b in p["buckets"]]
@@ -30,6 +31,12 @@ def test_profile_format_and_values():
     assert 0 < sum(b["payload_bytes"] for b in ps["buckets"]) < total
     assert all(b["encode_s"] > 0 and b["decode_s"] > 0 for b in ps["buckets"])
     assert p["compressors"]["topk"]["collective"] == "allgather"
+
+
+def test_robust_sd_ignores_a_rare_outlier():
+    xs = [1.0, 1.1, 0.9, 1.0, 1.1, 0.9, 1.0, 5.0]  # one stalled iteration among typical ones
+    assert robust_sd(xs) == pytest.approx(1.4826 * 0.1)
+    assert robust_sd([1.0, 2.0]) == 0.0  # too few samples to tell spread from noise
 
 
 def test_profile_rejects_bad_options():
