@@ -3,7 +3,8 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 SYSTEM_PACKAGES := iperf3 iproute2 iputils-ping openssh-server openssh-client ethtool procps kmod slurmctld slurmd slurm-client munge
-PYTEST_ARGS ?=
+# the slowest tests in every log: the suite should stay under ~15 min on 2 cores
+PYTEST_ARGS ?= --durations=15
 
 .PHONY: demo test test-unit test-integration lint sysdeps venv bench clean-cluster gpu-check gpu-wheels
 

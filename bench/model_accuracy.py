@@ -95,7 +95,7 @@ def main() -> int:
             threads = max(1, cores // n)
             for m in models:
                 testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
-                        "--colocated", str(n), "--out", str(profiles), "--iters", str(max(3, iters // 2)))  # fmt: skip
+                        "--colocated", str(n), "--out", str(profiles), "--iters", str(max(10, iters)))  # fmt: skip
             for m in models:
                 testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
                         "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
