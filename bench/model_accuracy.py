@@ -1,9 +1,12 @@
 """Accuracy of the performance model against measurement, as a user would check it (issue 13).
 
-For each host count n: `testbed up`, `testbed calibrate` (at --calibrate-bw), `testbed profile --threads <per rank>
---colocated n` for each model (the n emulated hosts share this machine's cores), one `testbed sweep` over rates x compressors x models, then `testbed report` with the profiles and
-the calibration. Prints, as Markdown: the calibration, the crossover table (measured / predicted, ratio, verdict) and
-the per-trial prediction error (median and worst per compressor, then every trial).
+For each host count n: `testbed up`, `testbed calibrate` (at --calibrate-bw), then --repeats times: `testbed profile
+--threads <per rank> --colocated n` for each model (the n emulated hosts share this machine's cores) and one `testbed
+sweep` over rates x compressors x models. The profiles of the repetitions are pooled (median of every timing), and
+`testbed report` holds each configuration's median trial against them, with the calibration. Repeating both in turn
+keeps the shared machine's drift over the run (tens of ms on a 0.4 s step) off the comparison. Prints, as Markdown:
+the calibration, the profile per repetition, the crossover table (measured / predicted, ratio, verdict) and the
+prediction error (median and worst per compressor, then every configuration).
 
     python bench/model_accuracy.py                    # full: resnet18 + cnn, 2 and 4 hosts, 100mbit..unshaped,
                                                       # every compressor (hours: run it on a quiet machine)
@@ -35,9 +38,10 @@ FULL = {
     "bw": "100mbit,200mbit,500mbit,1gbit,2gbit,5gbit,none",
     "compressors": "syncsgd,fp16,bf16,powersgd,acpsgd,signsgd,topk,mstopk",
     "iters": 20,
+    "repeats": 3,
 }
 QUICK = {"models": "resnet18", "hosts": "2", "bw": "200mbit,1gbit,5gbit,none", "compressors": "syncsgd,fp16,powersgd,topk",
-         "iters": 10}  # fmt: skip
+         "iters": 10, "repeats": 2}  # fmt: skip
 
 
 def testbed(*argv: str, timeout_s: float = 7200) -> str:
@@ -55,6 +59,27 @@ def md(df: pd.DataFrame) -> str:
     return md_table(df)
 
 
+def pool_repeats(rep_dirs: list[Path], out: Path) -> str:
+    """Pool each model's profiles from the repetitions (median of every timing) into `out`; a Markdown table of
+    forward + backward per repetition, the machine's drift over the run."""
+    from testbed import perfmodel as pm
+    from testbed.modelling import save_profile
+
+    runs: dict[tuple, list] = {}
+    for d in rep_dirs:
+        for prof in pm.find_profiles(d):
+            runs.setdefault((prof.model, prof.batch_size, prof.colocated_ranks), []).append(prof)
+    rows = []
+    for (model, bs, colocated), profs in sorted(runs.items()):
+        pooled = pm.pool_profiles(profs)
+        save_profile(pooled, out)
+        rows.append({"model": model, "batch": bs, "co-located ranks": colocated,
+                     "forward + backward ms per repetition": ", ".join(f"{(p.forward_s + p.backward_s) * 1e3:.0f}"
+                                                                      for p in profs),
+                     "pooled ms": f"{(pooled.forward_s + pooled.backward_s) * 1e3:.0f}"})  # fmt: skip
+    return "profiles pooled over the repetitions:\n\n" + md(pd.DataFrame(rows))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a subset (see the module docstring)")
@@ -63,6 +88,8 @@ def main() -> int:
     ap.add_argument("--bw", help="comma-separated rates; 'none' for unshaped")
     ap.add_argument("--compressors", help="comma-separated compressors")
     ap.add_argument("--iters", type=int, help="measured iterations per trial")
+    ap.add_argument("--repeats", type=int, help="times each trial runs, each time after a fresh profile (the "
+                    "report holds the median of a configuration's trials against the pooled profile)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--calibrate-bw", default="1gbit", help="shaping during calibration (default: 1gbit)")
     ap.add_argument("--calibrate-sizes", default="64kb,512kb,4mb,16mb")
@@ -74,11 +101,15 @@ def main() -> int:
     bw = args.bw or base["bw"]
     compressors = args.compressors or base["compressors"]
     iters = args.iters or base["iters"]
+    repeats = args.repeats or base["repeats"]
+    if repeats < 1:
+        raise SystemExit(f"--repeats {repeats}: expected >= 1")
     work = Path(args.out or tempfile.mkdtemp(prefix="model-accuracy-"))
     profiles, results = work / "profiles", work / "results"
     profiles.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    print(f"# Model accuracy ({', '.join(models)}; hosts {hosts}; {bw}; {compressors}; {iters} iterations)\n")
+    print(f"# Model accuracy ({', '.join(models)}; hosts {hosts}; {bw}; {compressors}; {iters} iterations; "
+          f"{repeats} repetition(s))\n")
     print(f"working directory: {work}\n")
     try:
         for n in hosts:
@@ -93,13 +124,19 @@ def main() -> int:
                   f"compute +{f['contention_latency_s'] * 1e6:.3g} us per latency step, "
                   f"+{f['contention_s_per_wire_byte'] * 1e9:.3g} ns per wire byte\n")  # fmt: skip
             threads = max(1, cores // n)
-            for m in models:
-                testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
-                        "--colocated", str(n), "--out", str(profiles), "--iters", str(max(10, iters)))  # fmt: skip
-            for m in models:
-                testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
-                        "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
-                        "--warmup-iters", "2", "--out", str(results), "--yes")  # fmt: skip
+            # profile, then every trial once; again: the drift lands on both alike. Each repetition's trials have
+            # their own seed (their own trial ids: a sweep skips what is stored); the report pools them per setting
+            for rep in range(repeats):
+                rep_dir = profiles / f"{n}hosts-rep{rep + 1}"
+                rep_dir.mkdir(exist_ok=True)
+                for m in models:
+                    testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
+                            "--colocated", str(n), "--out", str(rep_dir), "--iters", str(max(10, iters)))  # fmt: skip
+                for m in models:
+                    testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
+                            "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
+                            "--warmup-iters", "2", "--seed", str(rep), "--out", str(results), "--yes")  # fmt: skip
+            print(pool_repeats(sorted(profiles.glob(f"{n}hosts-rep*")), profiles))
     finally:
         subprocess.run([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO, capture_output=True)
     report = json.loads(testbed("report", str(results), "--out", str(work / "report"), "--profiles", str(profiles),
@@ -112,11 +149,11 @@ def main() -> int:
         err["abs_error_pct"] = err["error_pct"].abs()
         summary = (
             err.groupby("compressor")["abs_error_pct"].agg(["median", "max", "count"]).reset_index()
-            .rename(columns={"median": "median |error| %", "max": "worst |error| %", "count": "trials"})
+            .rename(columns={"median": "median |error| %", "max": "worst |error| %", "count": "configurations"})
         )  # fmt: skip
-        print("## Per-trial prediction error\n")
+        print("## Prediction error per configuration (its trials' median against the pooled profile)\n")
         print(md(summary))
-        print(f"all trials: median |error| {err['abs_error_pct'].median():.1f} %, "
+        print(f"all configurations: median |error| {err['abs_error_pct'].median():.1f} %, "
               f"worst {err['abs_error_pct'].max():.1f} %\n")  # fmt: skip
         print(md(err.drop(columns=["trial_id", "abs_error_pct"]).round(1)))
     for note in report["notes"]:

@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from statistics import NormalDist
+from statistics import NormalDist, median
 from typing import Any
 
 from shaping.units import format_rate
@@ -373,6 +373,53 @@ def pick_profile(
     if batch_size is None:
         return min(cands, key=colocation_rank)
     return min(cands, key=lambda p: (colocation_rank(p), abs(p.batch_size - batch_size), p.batch_size))
+
+
+def pool_profiles(profiles: Sequence[Profile]) -> Profile:
+    """One profile from several measurements of the same thing (same model, batch, device, co-location, bucket
+    layout and compressors), each time the median: forward, backward, optimizer, spread, every bucket's ready time,
+    every codec's encode and decode. For profiles taken at intervals between trials, so that the machine's drift
+    over a sweep does not land on the model as a bias of whichever moment was profiled."""
+    if not profiles:
+        raise InputError("pool_profiles: no profile given; expected at least one")
+    first = profiles[0]
+
+    def key(p: Profile) -> tuple:
+        layout = tuple((b.index, b.grad_bytes) for b in p.buckets)
+        codecs = tuple(sorted((n, c.collective, c.rounds, tuple((b.index, b.payload_bytes) for b in c.buckets))
+                              for n, c in p.compressors.items()))  # fmt: skip
+        return p.model, p.batch_size, p.device, p.colocated_ranks, layout, codecs
+
+    for p in profiles[1:]:
+        if key(p) != key(first):
+            raise InputError(
+                f"pool_profiles: {p.model} bs{p.batch_size} ({p.device}, {p.colocated_ranks} co-located) differs from "
+                f"{first.model} bs{first.batch_size} ({first.device}, {first.colocated_ranks} co-located) in model, "
+                "batch, device, co-location, buckets or compressors; expected repeated measurements of one setting"
+            )
+
+    def med(values: Iterable[float]) -> float:
+        return float(median(values))
+
+    buckets = tuple(
+        replace(b, ready_at_s=med(p.buckets[i].ready_at_s for p in profiles)) for i, b in enumerate(first.buckets)
+    )
+    comps = {
+        name: replace(c, buckets=tuple(
+            replace(b, encode_s=med(p.compressors[name].buckets[i].encode_s for p in profiles),
+                    decode_s=med(p.compressors[name].buckets[i].decode_s for p in profiles))
+            for i, b in enumerate(c.buckets)))  # fmt: skip
+        for name, c in first.compressors.items()
+    }
+    return replace(
+        first,
+        forward_s=med(p.forward_s for p in profiles),
+        backward_s=med(p.backward_s for p in profiles),
+        optimizer_s=med(p.optimizer_s for p in profiles),
+        compute_jitter_s=med(p.compute_jitter_s for p in profiles),
+        buckets=buckets,
+        compressors=comps,
+    )
 
 
 # --------------------------------------------------------------------------------------------- cost formulas

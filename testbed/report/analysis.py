@@ -298,9 +298,18 @@ def crossover_verdict(
 
 
 def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings) -> pd.DataFrame:
-    """Per ok trial: predicted vs measured iteration time (unshaped trials use their measured goodput)."""
+    """Per configuration (model, batch, workers, variant, rate): predicted vs measured iteration time, the measured
+    one the median over the configuration's ok trials (repeats pooled, as the speedups are; unshaped ones are
+    predicted at their median measured goodput). `trials` says how many were pooled, `trial_id` names the first."""
+    keys = [*GROUP_KEYS, "variant", "compressor", "rate_bps"]
+    pooled = (
+        ok.groupby(keys, dropna=False, sort=False)
+        .agg(trial_id=("trial_id", "first"), trials=("trial_id", "count"), t_s=("t_s", "median"),
+             delay_s=("delay_s", "median"), measured_goodput_bps=("measured_goodput_bps", "median"))  # fmt: skip
+        .reset_index()
+    )
     rows = []
-    for _, r in ok.iterrows():
+    for _, r in pooled.iterrows():
         prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]), int(r["world_size"]))
         if prof is None or r["compressor"] not in prof.compressor_names():
             continue
@@ -321,6 +330,7 @@ def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: Model
                 "world_size": int(r["world_size"]),
                 "bandwidth": fmt_rate(r["rate_bps"]),
                 "compressor": r["variant"],
+                "trials": int(r["trials"]),
                 "measured_ms": r["t_s"] * 1e3,
                 "predicted_ms": pred * 1e3,
                 "error_pct": (pred - r["t_s"]) / r["t_s"] * 100,
@@ -335,6 +345,7 @@ def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: Model
             "world_size",
             "bandwidth",
             "compressor",
+            "trials",
             "measured_ms",
             "predicted_ms",
             "error_pct",

@@ -70,7 +70,7 @@ def write_markdown(
         md_table(crossovers),
         "## Prediction error (median |predicted - measured| / measured per compressor)\n",
         md_table(error_summary),
-        "Per-trial errors: `prediction_error.csv`.\n",
+        "Per configuration (repeated trials pooled by their median): `prediction_error.csv`.\n",
         "## Figures\n",
     ]
     md += [f"- {title}: ![{title}]({p.name})\n" for title, p in figures]

@@ -16,6 +16,7 @@ from testbed.perfmodel import (
     load_profile,
     log_grid,
     pick_profile,
+    pool_profiles,
     predict_curves,
     predict_iteration,
     profile_filename,
@@ -376,3 +377,23 @@ def test_pick_profile_prefers_the_trials_colocation_then_a_solo_one():
     assert profile_filename("resnet18", 32, "cpu", 4) == "resnet18-bs32-cpu-colocated4.json"
     assert profile_filename("resnet18", 32, "cpu") == "resnet18-bs32-cpu.json"
     assert profile_to_dict(duo)["colocated_ranks"] == 2
+
+
+def test_pool_profiles_takes_the_median_of_every_timing():
+    runs = [
+        profile_from_dict(synthetic_profile_dict(model="resnet18", forward_s=f, backward_s=b, compute_jitter_s=j))
+        for f, b, j in ((0.030, 0.060, 0.004), (0.050, 0.090, 0.001), (0.031, 0.066, 0.009))
+    ]
+    slow_codec = profile_to_dict(runs[1])
+    slow_codec["compressors"]["topk"]["buckets"][0]["encode_s"] = 9.0  # one disturbed measurement
+    runs[1] = profile_from_dict(slow_codec)
+    pooled = pool_profiles(runs)
+    assert (pooled.forward_s, pooled.backward_s, pooled.compute_jitter_s) == (0.031, 0.066, 0.004)
+    assert [b.ready_at_s for b in pooled.buckets] == [0.033, 0.066]  # each bucket's median ready time
+    assert pooled.compressors["topk"].buckets[0].encode_s == runs[0].compressors["topk"].buckets[0].encode_s
+    assert pool_profiles(runs[:1]) == runs[0]
+    other = profile_from_dict(synthetic_profile_dict(model="resnet18", batch_size=64))
+    with pytest.raises(InputError, match="expected repeated measurements of one setting"):
+        pool_profiles([runs[0], other])
+    with pytest.raises(InputError, match="no profile given"):
+        pool_profiles([])
