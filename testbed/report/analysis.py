@@ -153,6 +153,8 @@ def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
         ok.groupby(keys, dropna=False)
         .agg(
             t_s=("t_s", "median"),
+            rep_lo_s=("t_s", "min"),  # the repeats' range (their p50s): how far apart two settings must be
+            rep_hi_s=("t_s", "max"),
             lo_s=("lo_s", "min"),
             hi_s=("hi_s", "max"),
             trials=("trial_id", "count"),
@@ -168,11 +170,18 @@ def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------------- speedups
 def speedup_table(agg: pd.DataFrame, baseline: str) -> tuple[pd.DataFrame, list[str]]:
-    """Adds `speedup` (baseline time / time at the same group and rate); notes groups without a baseline."""
+    """Adds `speedup` (baseline time / time at the same group and rate) and `tie` (see `is_tie`); notes groups
+    without a baseline."""
     notes = []
-    base = agg[agg["variant"] == baseline][[*GROUP_KEYS, "rate_bps", "t_s"]].rename(columns={"t_s": "base_t_s"})
+    base = agg[agg["variant"] == baseline][[*GROUP_KEYS, "rate_bps", "t_s", "rep_lo_s", "rep_hi_s", "trials"]].rename(
+        columns={"t_s": "base_t_s", "rep_lo_s": "base_lo_s", "rep_hi_s": "base_hi_s", "trials": "base_trials"}
+    )
     out = agg.merge(base, on=[*GROUP_KEYS, "rate_bps"], how="left")
     out["speedup"] = out["base_t_s"] / out["t_s"]
+    out["tie"] = [
+        is_tie((r.rep_lo_s, r.rep_hi_s, r.trials), (r.base_lo_s, r.base_hi_s, r.base_trials))
+        for r in out.itertuples()
+    ]
     for key, g in out.groupby(GROUP_KEYS):
         if g["base_t_s"].isna().all():
             notes.append(f"{group_label(*key)}: no ok {baseline} trials; reported without speedups")
@@ -180,6 +189,16 @@ def speedup_table(agg: pd.DataFrame, baseline: str) -> tuple[pd.DataFrame, list[
             rates = sorted({fmt_rate(r) for r in g.loc[g["base_t_s"].isna(), "rate_bps"]})
             notes.append(f"{group_label(*key)}: no ok {baseline} trials at {', '.join(rates)}; no speedups there")
     return out, notes
+
+
+def is_tie(a: tuple[float, float, int], b: tuple[float, float, int]) -> bool:
+    """Two settings measured (lowest, highest p50 of their repeated trials, trials) are a tie when each was run at
+    least twice and the ranges overlap: which one is faster there is within the run-to-run spread. With a single
+    trial of either the spread is unknown, and nothing is called a tie."""
+    (lo_a, hi_a, n_a), (lo_b, hi_b, n_b) = a, b
+    if not (n_a >= 2 and n_b >= 2) or any(math.isnan(float(x)) for x in (lo_a, hi_a, lo_b, hi_b)):
+        return False
+    return lo_a <= hi_b and lo_b <= hi_a
 
 
 def counted_variants(variants: Iterable[str], baseline: str) -> list[str]:
@@ -206,17 +225,34 @@ def headline(sp: pd.DataFrame, baseline: str) -> tuple[str, int, int]:
     return text + ".", n, m
 
 
-def measured_crossover(rates_bps: Sequence[float], speedups: Sequence[float]) -> tuple[str, float | None]:
+def measured_crossover(
+    rates_bps: Sequence[float], speedups: Sequence[float], ties: Sequence[bool] | None = None
+) -> tuple[str, float | None]:
     """Crossover of measured speedup through 1.0 (perfmodel's rule, interpolated in log-log between shaped rates):
-    ("crossover", B), ("always"/"never", None), or ("n/a", None) when fewer than two rates have a speedup."""
-    kind, b_star, _ = pm.crossover_from_samples(rates_bps, speedups)
+    ("crossover", B), ("always"/"never", None), or ("n/a", None) when fewer than two rates have a speedup.
+
+    `ties`: per rate, whether the compressor and the baseline are within their repeats' spread there (`is_tie`).
+    Ties take no part: the crossover is where the decided points change side, and ("tie", None) when every rate
+    with a speedup is a tie (a noise-decided crossing is not a crossover to hold a model against)."""
+    ties = list(ties) if ties is not None else [False] * len(rates_bps)
+    usable = [(r, sp, t) for r, sp, t in zip(rates_bps, speedups, ties, strict=True)
+              if r and r > 0 and sp and sp > 0 and not math.isnan(sp)]  # fmt: skip
+    decided = [(r, sp) for r, sp, t in usable if not t]
+    if len(usable) < 2:
+        return "n/a", None
+    if not decided:
+        return "tie", None
+    if len(decided) == 1:
+        return ("always" if decided[0][1] > 1.0 else "never"), None
+    kind, b_star, _ = pm.crossover_from_samples([r for r, _ in decided], [sp for _, sp in decided])
     return kind, b_star
 
 
-def describe_crossover(kind: str, b: float | None) -> str:
-    if kind == "crossover":
-        return pm.rate_text(b)
-    return kind
+def describe_crossover(kind: str, b: float | None, tie_rates: Sequence[str] = ()) -> str:
+    text = pm.rate_text(b) if kind == "crossover" else ("tie at every rate" if kind == "tie" else kind)
+    if tie_rates and kind != "tie":
+        text += f" (tie at {', '.join(tie_rates)})"
+    return text
 
 
 # --------------------------------------------------------------------------------------------- predictions
@@ -278,6 +314,8 @@ def crossover_verdict(
         return None, "no prediction (no profile)"
     if measured_kind == "n/a":
         return None, "n/a (fewer than two measured rates)"
+    if measured_kind == "tie":
+        return None, "undecided: a tie at every measured rate (the repeated trials overlap); nothing to compare"
     inside = predicted_kind == "crossover" and predicted_bps is not None and low_bps <= predicted_bps <= high_bps
     if measured_kind == "crossover":
         if predicted_kind != "crossover" or predicted_bps is None:

@@ -121,14 +121,16 @@ def plot_time_vs_bandwidth(
         if v not in counted_variants([v], baseline):
             continue
         rates = [effective_rate(r, gp) for r, gp in zip(d["rate_bps"], d["goodput_bps"], strict=True)]
-        mk, mb = measured_crossover(rates, list(d["speedup"]))
+        ties = [bool(t) for t in d["tie"]]
+        mk, mb = measured_crossover(rates, list(d["speedup"]), ties)
         measured_range = [r for r, sp in zip(rates, d["speedup"], strict=True) if r > 0 and sp > 0]
+        tie_rates = [fmt_rate(r) for r, t in zip(d["rate_bps"], ties, strict=True) if t]
         row = {
             "model": model,
             "batch_size": int(bs),
             "world_size": int(ws),
             "compressor": v,
-            "measured": describe_crossover(mk, mb),
+            "measured": describe_crossover(mk, mb, tie_rates),
             "measured_bps": mb,
             "predicted": "no profile",
             "predicted_bps": None,

@@ -9,6 +9,7 @@ import pytest
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 from testbed.report import build_report, measured_crossover, report_from_dir
+from testbed.report.analysis import is_tie
 from testbed.results import COLUMNS as RESULTS_COLUMNS
 
 COLUMNS = list(RESULTS_COLUMNS)  # the results store's own columns: a frame as `testbed results` loads it
@@ -198,6 +199,37 @@ def test_measured_crossover_kinds():
     kind, b = measured_crossover([1e7, 1e9], [10.0, 0.1])
     assert kind == "crossover" and b == pytest.approx(1e8)
     assert measured_crossover([1e7], [2.0])[0] == "n/a"
+
+
+def test_ties_take_no_part_in_the_measured_crossover():
+    # a noise-decided crossing (every rate a tie) is not a crossover; a tie between decided points is skipped
+    assert measured_crossover([1e8, 1e9, 1e10], [1.05, 0.97, 1.02], [True, True, True]) == ("tie", None)
+    assert measured_crossover([1e8, 1e9, 1e10], [2.0, 0.97, 1.02], [False, True, True]) == ("always", None)
+    kind, b = measured_crossover([1e7, 1e8, 1e9], [10.0, 1.02, 0.1], [False, True, False])
+    assert kind == "crossover" and b == pytest.approx(1e8)  # interpolated between the decided 1e7 and 1e9
+    assert measured_crossover([1e7], [2.0], [True])[0] == "n/a"
+    assert is_tie((1.0, 1.2, 3), (1.1, 1.3, 3)) and not is_tie((1.0, 1.2, 3), (1.21, 1.3, 3))
+    assert not is_tie((1.0, 1.2, 1), (1.1, 1.3, 3))  # one trial: its spread is unknown, nothing is a tie
+
+
+def test_report_calls_a_crossing_inside_the_repeats_spread_a_tie(tmp_path):
+    """fp16 measured 1.0 +- 10 % of syncsgd at every rate over three repeats: the crossing the medians show is
+    within the spread, and the verdict says so instead of holding the model against it."""
+    rows, i = [], 0
+    for rate, sign in ((100_000_000, -1), (1_000_000_000, 1)):
+        for rep, k in enumerate((0.9, 1.0, 1.1)):
+            for comp, t in (("syncsgd", 0.4 * k), ("fp16", 0.4 * (1 + sign * 0.02) * k)):
+                rows.append(row(i, "resnet18", 2, rate, comp, t) | {"seed": rep})
+                i += 1
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict(model="resnet18", batch_size=32))
+    cx = build_report(pd.DataFrame(rows, columns=COLUMNS), tmp_path, profiles=[prof]).tables["crossovers"]
+    fp16 = cx[cx["compressor"] == "fp16"].iloc[0]
+    assert fp16["measured"] == "tie at every rate" and pd.isna(fp16["measured_bps"])
+    assert fp16["verdict"].startswith("undecided: a tie at every measured rate")
+    # the same medians from one trial each: no spread known, so the crossing counts (and is held against the model)
+    one = build_report(pd.DataFrame(rows[2:4] + rows[8:10], columns=COLUMNS), tmp_path / "one", profiles=[prof])
+    fp16 = one.tables["crossovers"].iloc[0]
+    assert 1e8 < fp16["measured_bps"] < 1e9 and not fp16["verdict"].startswith("undecided")
 
 
 def test_bad_inputs(tmp_path):
