@@ -133,6 +133,11 @@ def build_report(
         p = plot_scaling(gm, (model, bs), colors, prof, s, out / f"scaling_{model}_bs{int(bs)}.png", notes)
         if p is not None:
             figures.append((f"{group_label(model, bs)}: scaling", p))
+    if any(r["measured_bps"] for r in cx_rows) and (agg["trials"] < 2).all():
+        notes.append(
+            "every setting ran once: a measured crossover within the run-to-run spread cannot be told from a tie "
+            "(repeat the sweep with another --seed; docs/report.md, Ties)"
+        )
     for m in sorted(models_without_profile):
         notes.append(f"{m}: no profile found; measured points only (run `testbed profile --model {m}`)")
     matrix = speedup_matrix(sp)

@@ -232,20 +232,43 @@ def measured_crossover(
     ("crossover", B), ("always"/"never", None), or ("n/a", None) when fewer than two rates have a speedup.
 
     `ties`: per rate, whether the compressor and the baseline are within their repeats' spread there (`is_tie`).
-    Ties take no part: the crossover is where the decided points change side, and ("tie", None) when every rate
-    with a speedup is a tie (a noise-decided crossing is not a crossover to hold a model against)."""
-    ties = list(ties) if ties is not None else [False] * len(rates_bps)
-    usable = [(r, sp, t) for r, sp, t in zip(rates_bps, speedups, ties, strict=True)
-              if r and r > 0 and sp and sp > 0 and not math.isnan(sp)]  # fmt: skip
-    decided = [(r, sp) for r, sp, t in usable if not t]
-    if len(usable) < 2:
+    The medians place the crossing; it stands as a crossover only when decided rates on both sides of it are on
+    opposite sides of 1.0 (`decided_bracket`), else the answer is the decided rates' ("always"/"never": the medians
+    cross among tied rates at the edge of the range). ("tie", None) when every rate is a tie (a noise-decided
+    crossing is not a crossover to hold a model against)."""
+    pts = _usable(rates_bps, speedups, ties)
+    if len(pts) < 2:
         return "n/a", None
+    decided = [(r, sp) for r, sp, t in pts if not t]
     if not decided:
         return "tie", None
-    if len(decided) == 1:
-        return ("always" if decided[0][1] > 1.0 else "never"), None
-    kind, b_star, _ = pm.crossover_from_samples([r for r, _ in decided], [sp for _, sp in decided])
+    kind, b_star, _ = pm.crossover_from_samples([r for r, _, _ in pts], [sp for _, sp, _ in pts])
+    if kind == "crossover" and decided_bracket(rates_bps, speedups, ties, b_star) is None:
+        if all(sp > 1.0 for _, sp in decided):
+            return "always", None
+        if all(sp <= 1.0 for _, sp in decided):
+            return "never", None
     return kind, b_star
+
+
+def _usable(rates_bps, speedups, ties) -> list[tuple[float, float, bool]]:
+    ties = list(ties) if ties is not None else [False] * len(rates_bps)
+    return sorted((float(r), float(sp), bool(t)) for r, sp, t in zip(rates_bps, speedups, ties, strict=True)
+                  if r and r > 0 and sp and sp > 0 and not math.isnan(sp))  # fmt: skip
+
+
+def decided_bracket(
+    rates_bps: Sequence[float], speedups: Sequence[float], ties: Sequence[bool] | None, b_bps: float
+) -> tuple[float, float] | None:
+    """The nearest decided (non-tie) rates below and above a measured crossing `b_bps`, when they are on opposite
+    sides of 1.0: the measurement puts the crossover somewhere between them (adjacent rates without ties; wider
+    where tied rates lie between). None when a side has no decided rate or both are on the same side."""
+    decided = [(r, sp) for r, sp, t in _usable(rates_bps, speedups, ties) if not t]
+    below = [(r, sp) for r, sp in decided if r <= b_bps]
+    above = [(r, sp) for r, sp in decided if r > b_bps]
+    if not below or not above or (below[-1][1] > 1.0) == (above[0][1] > 1.0):
+        return None
+    return below[-1][0], above[0][0]
 
 
 def describe_crossover(kind: str, b: float | None, tie_rates: Sequence[str] = ()) -> str:
@@ -304,12 +327,18 @@ def crossover_verdict(
     predicted_bps: float | None,
     low_bps: float,
     high_bps: float,
+    *,
+    tied_bracket: tuple[float, float] | None = None,
+    decided_bps: Sequence[float] = (),
 ) -> tuple[float | None, str]:
     """(predicted / measured crossover, verdict) for one compressor; [low, high] is the measured range.
 
     A measured "always" or "never" means no crossing in the measured range: the model agrees when it also has none
     there (its crossover, if any, lies outside the range on the right side). Two crossovers agree when their ratio
-    is within 0.75-1.33."""
+    is within 0.75-1.33. With repeated trials (see `is_tie`) the measurement only decides at its non-tied rates
+    (`decided_bps`, rising): a measured crossover also agrees when the model's lies between the decided rates around
+    it with tied rates between them (`tied_bracket`), and an "always"/"never" when the model crosses only among the
+    tied rates beyond the last decided one on the side where a crossing can be."""
     if predicted_kind is None:
         return None, "no prediction (no profile)"
     if measured_kind == "n/a":
@@ -323,8 +352,18 @@ def crossover_verdict(
         ratio = predicted_bps / measured_bps
         if AGREE_LOW <= ratio <= AGREE_HIGH:
             return ratio, f"agrees within {AGREE_LOW}-{AGREE_HIGH} ({ratio:.2f})"
+        if tied_bracket and tied_bracket[0] < predicted_bps < tied_bracket[1]:
+            lo, hi = (pm.rate_text(b) for b in tied_bracket)
+            return ratio, f"agrees: between the decided rates {lo} and {hi}, the rates between them tied ({ratio:.2f})"
         return ratio, f"disagrees: predicted / measured {ratio:.2f}"
     what = "faster" if measured_kind == "always" else "slower"
+    if inside and decided_bps:
+        # the model (faster below its crossover) puts every decided rate on the measured side only when it crosses
+        # beyond the last decided rate (always faster) or before the first (always slower): among tied rates
+        beyond = predicted_bps > decided_bps[-1] if measured_kind == "always" else predicted_bps < decided_bps[0]
+        if beyond:
+            return None, (f"agrees: never among the decided rates (always {what}), model crosses at "
+                          f"{pm.rate_text(predicted_bps)}, among the tied ones")  # fmt: skip
     if inside:
         return None, (
             f"disagrees: never in the measured range (always {what}), model crosses at {pm.rate_text(predicted_bps)}"

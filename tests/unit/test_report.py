@@ -9,7 +9,7 @@ import pytest
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 from testbed.report import build_report, measured_crossover, report_from_dir
-from testbed.report.analysis import is_tie
+from testbed.report.analysis import crossover_verdict, decided_bracket, is_tie
 from testbed.results import COLUMNS as RESULTS_COLUMNS
 
 COLUMNS = list(RESULTS_COLUMNS)  # the results store's own columns: a frame as `testbed results` loads it
@@ -201,13 +201,36 @@ def test_measured_crossover_kinds():
     assert measured_crossover([1e7], [2.0])[0] == "n/a"
 
 
-def test_ties_take_no_part_in_the_measured_crossover():
-    # a noise-decided crossing (every rate a tie) is not a crossover; a tie between decided points is skipped
+def test_ties_in_the_measured_crossover():
+    # a noise-decided crossing (every rate a tie) is not a crossover
     assert measured_crossover([1e8, 1e9, 1e10], [1.05, 0.97, 1.02], [True, True, True]) == ("tie", None)
+    # the medians cross only among tied rates beyond the last decided one: the decided answer stands
     assert measured_crossover([1e8, 1e9, 1e10], [2.0, 0.97, 1.02], [False, True, True]) == ("always", None)
-    kind, b = measured_crossover([1e7, 1e8, 1e9], [10.0, 1.02, 0.1], [False, True, False])
-    assert kind == "crossover" and b == pytest.approx(1e8)  # interpolated between the decided 1e7 and 1e9
+    # decided rates on both sides: the medians place it (at the tied 1e8), the decided rates bracket it
+    rates, speedups, ties = [1e7, 1e8, 1e9], [10.0, 1.02, 0.1], [False, True, False]
+    kind, b = measured_crossover(rates, speedups, ties)
+    assert kind == "crossover" and b == pytest.approx(1e8, rel=0.05)
+    assert decided_bracket(rates, speedups, ties, b) == (1e7, 1e9)
+    assert decided_bracket(rates, speedups, [False] * 3, b) == (1e8, 1e9)  # no ties: the adjacent rates
     assert measured_crossover([1e7], [2.0], [True])[0] == "n/a"
+
+
+def test_verdict_with_ties_holds_the_model_only_to_the_decided_rates():
+    # measured 1.84 Gbit from medians, decided at 500 Mbit (faster) and 5 Gbit (slower), 1 Gbit tied between
+    ratio, verdict = crossover_verdict("crossover", 1.84e9, "crossover", 0.86e9, 1e8, 1e10, tied_bracket=(5e8, 5e9))
+    assert verdict.startswith("agrees: between the decided rates 500mbit and 5gbit") and ratio == pytest.approx(0.467, rel=0.01)
+    assert crossover_verdict("crossover", 1.84e9, "crossover", 0.4e9, 1e8, 1e10, tied_bracket=(5e8, 5e9))[
+        1
+    ].startswith("disagrees")
+    # always faster at the decided 100 Mbit..1 Gbit, tied at 5 Gbit and above: a model crossing at 3 Gbit agrees,
+    # one at 700 Mbit (slower at the decided 1 Gbit) does not
+    decided = [1e8, 5e8, 1e9]
+    assert crossover_verdict("always", None, "crossover", 3e9, 1e8, 1e10, decided_bps=decided)[1].startswith(
+        "agrees: never among the decided rates (always faster), model crosses at 3gbit"
+    )
+    assert crossover_verdict("always", None, "crossover", 7e8, 1e8, 1e10, decided_bps=decided)[1].startswith(
+        "disagrees: never in the measured range"
+    )
     assert is_tie((1.0, 1.2, 3), (1.1, 1.3, 3)) and not is_tie((1.0, 1.2, 3), (1.21, 1.3, 3))
     assert not is_tie((1.0, 1.2, 1), (1.1, 1.3, 3))  # one trial: its spread is unknown, nothing is a tie
 
@@ -222,14 +245,16 @@ def test_report_calls_a_crossing_inside_the_repeats_spread_a_tie(tmp_path):
                 rows.append(row(i, "resnet18", 2, rate, comp, t) | {"seed": rep})
                 i += 1
     prof = pm.profile_from_dict(pm.synthetic_profile_dict(model="resnet18", batch_size=32))
-    cx = build_report(pd.DataFrame(rows, columns=COLUMNS), tmp_path, profiles=[prof]).tables["crossovers"]
-    fp16 = cx[cx["compressor"] == "fp16"].iloc[0]
+    res = build_report(pd.DataFrame(rows, columns=COLUMNS), tmp_path, profiles=[prof])
+    fp16 = res.tables["crossovers"].iloc[0]
     assert fp16["measured"] == "tie at every rate" and pd.isna(fp16["measured_bps"])
     assert fp16["verdict"].startswith("undecided: a tie at every measured rate")
     # the same medians from one trial each: no spread known, so the crossing counts (and is held against the model)
     one = build_report(pd.DataFrame(rows[2:4] + rows[8:10], columns=COLUMNS), tmp_path / "one", profiles=[prof])
     fp16 = one.tables["crossovers"].iloc[0]
     assert 1e8 < fp16["measured_bps"] < 1e9 and not fp16["verdict"].startswith("undecided")
+    assert any(n.startswith("every setting ran once") for n in one.notes)
+    assert not any(n.startswith("every setting ran once") for n in res.notes)
 
 
 def test_bad_inputs(tmp_path):
