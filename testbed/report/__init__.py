@@ -141,7 +141,7 @@ def build_report(
     for m in sorted(models_without_profile):
         notes.append(f"{m}: no profile found; measured points only (run `testbed profile --model {m}`)")
     matrix = speedup_matrix(sp)
-    errors = prediction_errors(ok, profiles, s)
+    errors = prediction_errors(agg, profiles, s)
     crossovers = pd.DataFrame(
         cx_rows,
         columns=[

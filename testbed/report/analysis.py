@@ -158,6 +158,7 @@ def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
             lo_s=("lo_s", "min"),
             hi_s=("hi_s", "max"),
             trials=("trial_id", "count"),
+            trial_id=("trial_id", "first"),
             samples_per_s=("samples_per_s", "median"),
             delay_s=("delay_s", "median"),
             goodput_bps=("measured_goodput_bps", "median"),
@@ -374,23 +375,17 @@ def crossover_verdict(
     return None, f"disagrees: measured always {what}, model always {'slower' if what == 'faster' else 'faster'}"
 
 
-def prediction_errors(ok: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings) -> pd.DataFrame:
-    """Per configuration (model, batch, workers, variant, rate): predicted vs measured iteration time, the measured
-    one the median over the configuration's ok trials (repeats pooled, as the speedups are; unshaped ones are
-    predicted at their median measured goodput). `trials` says how many were pooled, `trial_id` names the first."""
-    keys = [*GROUP_KEYS, "variant", "compressor", "rate_bps"]
-    pooled = (
-        ok.groupby(keys, dropna=False, sort=False)
-        .agg(trial_id=("trial_id", "first"), trials=("trial_id", "count"), t_s=("t_s", "median"),
-             delay_s=("delay_s", "median"), measured_goodput_bps=("measured_goodput_bps", "median"))  # fmt: skip
-        .reset_index()
-    )
+def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings) -> pd.DataFrame:
+    """Per configuration of `aggregate` (model, batch, workers, variant, rate): predicted vs measured iteration time,
+    the measured one the median over the configuration's ok trials (repeats pooled, as the speedups are; unshaped
+    ones are predicted at their median measured goodput). `trials` says how many were pooled, `trial_id` names the
+    first."""
     rows = []
-    for _, r in pooled.iterrows():
+    for _, r in agg.iterrows():
         prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]), int(r["world_size"]))
         if prof is None or r["compressor"] not in prof.compressor_names():
             continue
-        bps = r["rate_bps"] if r["rate_bps"] > 0 else r.get("measured_goodput_bps")
+        bps = r["rate_bps"] if r["rate_bps"] > 0 else r.get("goodput_bps")
         if not bps or (isinstance(bps, float) and math.isnan(bps)):
             continue
         pred = pm.predict_iteration(
