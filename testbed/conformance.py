@@ -33,7 +33,8 @@ from runners import catalog
 from testbed.errors import InputError
 
 POLL_S = 0.05
-ORDER_SIGNS = ("Timed out", "EnforceNotMet", "preamble", "Connection closed by peer", "mismatch", "unbound_buffer")
+ORDER_SIGNS = ("Timed out", "Application timeout", "EnforceNotMet", "preamble", "Connection closed by peer", "mismatch",
+               "unbound_buffer")
 DEFAULT_TIMEOUT_S = 120.0
 
 
