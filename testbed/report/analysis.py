@@ -375,6 +375,27 @@ def crossover_verdict(
     return None, f"disagrees: measured always {what}, model always {'slower' if what == 'faster' else 'faster'}"
 
 
+def measured_verdict(
+    rates_bps: Sequence[float],
+    speedups: Sequence[float],
+    ties: Sequence[bool],
+    measured: tuple[str, float | None],
+    predicted_kind: str | None,
+    predicted_bps: float | None,
+) -> tuple[float | None, str]:
+    """`crossover_verdict` for one compressor's measured points (`measured`: what `measured_crossover` made of them):
+    the measured range, the decided rates and, for a crossover, its decided bracket when tied rates lie inside it."""
+    kind, b = measured
+    rng = [r for r, sp in zip(rates_bps, speedups, strict=True) if r > 0 and sp > 0]
+    bracket = decided_bracket(rates_bps, speedups, ties, b) if kind == "crossover" else None
+    tied_inside = bracket is not None and any(
+        bracket[0] < r < bracket[1] for r, t in zip(rates_bps, ties, strict=True) if t
+    )
+    decided = sorted(r for r, sp, t in zip(rates_bps, speedups, ties, strict=True) if not t and r > 0 and sp > 0)
+    return crossover_verdict(kind, b, predicted_kind, predicted_bps, min(rng), max(rng),
+                             tied_bracket=bracket if tied_inside else None, decided_bps=decided)  # fmt: skip
+
+
 def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings) -> pd.DataFrame:
     """Per configuration of `aggregate` (model, batch, workers, variant, rate): predicted vs measured iteration time,
     the measured one the median over the configuration's ok trials (repeats pooled, as the speedups are; unshaped

@@ -22,14 +22,13 @@ from testbed.report.analysis import (  # noqa: E402
     baseline_description,
     counted_variants,
     crossover_terms,
-    crossover_verdict,
-    decided_bracket,
     describe_crossover,
     effective_rate,
     fmt_rate,
     group_label,
     is_serial,
     measured_crossover,
+    measured_verdict,
     network,
     variant_order,
     variant_profile,
@@ -169,16 +168,7 @@ def plot_time_vs_bandwidth(
         if is_serial(v):
             row["verdict"] = "n/a (serial)"
         elif measured_range:
-            bracket = decided_bracket(rates, list(d["speedup"]), ties, mb) if mk == "crossover" else None
-            tied_inside = bracket is not None and any(
-                bracket[0] < r < bracket[1] for r, t in zip(rates, ties, strict=True) if t
-            )
-            ratio, verdict = crossover_verdict(
-                mk, mb, pkind, row["predicted_bps"], min(measured_range), max(measured_range),
-                tied_bracket=bracket if tied_inside else None,
-                decided_bps=sorted(r for r, sp, t in zip(rates, d["speedup"], ties, strict=True)
-                                   if not t and r > 0 and sp > 0),
-            )  # fmt: skip
+            ratio, verdict = measured_verdict(rates, list(d["speedup"]), ties, (mk, mb), pkind, row["predicted_bps"])
             row["predicted/measured"], row["verdict"] = ratio, verdict
         cx_rows.append(row)
     ax_s.axhline(1.0, color="black", linewidth=1)
