@@ -20,7 +20,9 @@ Not a phase: ``peer_wait_s`` (``--skew-probe`` only, else null): summed over thi
 was at the collective before the slowest peer joined (skew from uneven encode or compute, not wire time); it is
 part of whatever comm_s shows when exposed.
 In ``--serial`` mode backward runs under ``no_sync()`` (pure compute) and the buckets are then reduced by the same
-hook, so backward_s is the full compute and comm_s = reduction wall time - encode_s - decode_s.
+hook, so backward_s is the full compute; in the reduction's wall time encode_s is the hooks' encoding, decode_s the
+decoding outside it (a callback may decode on the communication thread while the next bucket encodes) and comm_s the
+rest, the wait on the collectives (runners.train._serial_reduce_phases).
 """
 
 from __future__ import annotations
@@ -300,12 +302,7 @@ def _phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
     forward = sec(t0, t1)
     optimizer = sec(t_red, t3)
     if serial:
-        backward = sec(t1, t2)
-        s = stats.collect()
-        reduce_wall = sec(t2, t_red)
-        encode, decode = s["encode_s"], s["decode_s"]
-        comm = max(0.0, reduce_wall - encode - decode)
-        return _pack(forward, backward, encode, comm, decode, optimizer)
+        return _pack(forward, sec(t1, t2), *_serial_reduce_phases(clock, stats, t2, t_red), optimizer)
     bwd_wall = sec(t1, t2)
     # tail: from the later of (last gradient, last hook return) to the end of backward
     tail_start = 0.0
@@ -339,6 +336,39 @@ def _phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
     encode += encode_tail
     decode = decode_in + decode_tail
     return _pack(forward, backward, encode, comm, decode, optimizer)
+
+
+def _serial_reduce_phases(clock, stats, t2, t_red) -> tuple[float, float, float]:
+    """(encode, comm, decode) of the serial reduction window [t2, t_red]: encode is the hooks' work on this thread;
+    decode the part of the decode intervals (a future callback may decode one bucket on the communication thread
+    while this thread encodes the next) outside encode; comm what is left, the time this thread waited on the
+    collectives with no codec work running. The three add up to the window."""
+    sec = clock.seconds
+    window = sec(t2, t_red)
+
+    def spans(phase):
+        return [(max(0.0, sec(t2, a)), min(window, sec(t2, b))) for ph, _i, a, b, _c in stats.intervals_with_kind()
+                if ph == phase]  # fmt: skip
+
+    enc = _union(spans("encode"))
+    dec_and_enc = _union(spans("encode") + spans("decode"))
+    encode = _length(enc)
+    decode = _length(dec_and_enc) - encode
+    return encode, max(0.0, window - encode - decode), decode
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(spans: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in spans)
 
 
 def _pack(forward, backward, encode, comm, decode, optimizer) -> dict:

@@ -87,3 +87,20 @@ def test_async_decode_hidden_under_backward_is_not_counted():
     assert ph["decode_s"] == pytest.approx(0.1)
     assert ph["comm_s"] == pytest.approx(0.5 - 0.1)
     assert sum(ph.values()) == pytest.approx(3.0)
+
+
+def test_serial_reduction_counts_decode_beside_encode_once():
+    """--serial: bucket 0 decodes on the communication thread (2.3..2.6) while bucket 1 encodes (2.2..2.5); the
+    overlap is encode, the decode outside it is decode, and the waits with no codec work are comm. (Subtracting
+    both sums from the window, as before, gave comm 0 here.)"""
+    clock = Clock("cpu")
+    stats = CommStats(clock)
+    stats.intervals = [("encode", 0, 2.0, 2.2, True), ("comm", 0, 2.2, 2.3, False),
+                       ("encode", 1, 2.2, 2.5, True), ("decode", 0, 2.3, 2.6, False),
+                       ("decode", 1, 2.7, 2.75, False)]  # fmt: skip
+    ph = train._phases(clock, stats, True, 0.0, 1.0, 2.0, 2.8, 3.0, None)
+    assert ph["backward_s"] == pytest.approx(1.0)
+    assert ph["encode_s"] == pytest.approx(0.5)
+    assert ph["decode_s"] == pytest.approx(0.1 + 0.05)
+    assert ph["comm_s"] == pytest.approx(0.8 - 0.5 - 0.15)  # 2.6..2.7 and 2.75..2.8
+    assert sum(ph.values()) == pytest.approx(3.0)
