@@ -1,6 +1,6 @@
 """Accuracy of the performance model against measurement, as a user would check it (issue 13).
 
-For each host count n: `testbed up`, `testbed calibrate` (at --calibrate-bw), then --repeats times: `testbed profile
+For each host count n: `testbed up`, `testbed calibrate` (at each rate of --calibrate-bw), then --repeats times: `testbed profile
 --threads <per rank> --colocated n` for each model (the n emulated hosts share this machine's cores) and one `testbed
 sweep` over rates x compressors x models. The profiles of the repetitions are pooled (median of every timing), and
 `testbed report` holds each configuration's median trial against them, with the calibration. Repeating both in turn
@@ -91,7 +91,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, help="times each trial runs, each time after a fresh profile (the "
                     "report holds the median of a configuration's trials against the pooled profile)")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--calibrate-bw", default="1gbit", help="shaping during calibration (default: 1gbit)")
+    ap.add_argument("--calibrate-bw", default="1gbit,none",
+                    help="shapings to calibrate at, comma-separated; the model interpolates between them by rate "
+                    "(default: %(default)s)")
     ap.add_argument("--calibrate-sizes", default="64kb,512kb,4mb,16mb")
     ap.add_argument("--out", help="working directory (default: a temporary one)")
     args = ap.parse_args()
@@ -114,15 +116,16 @@ def main() -> int:
     try:
         for n in hosts:
             testbed("up", "--name", NAME, "--hosts", str(n), "--recreate")
-            cal = json.loads(testbed("calibrate", "--name", NAME, "--bw", args.calibrate_bw, "--sizes",
-                                     args.calibrate_sizes, "--out", str(profiles), "--json"))  # fmt: skip
-            f = cal["fitted"]
-            print(f"calibration, {n} hosts at {args.calibrate_bw}: alpha {f['latency_s'] * 1e6:.3g} us, all-reduce "
-                  f"{f['bandwidth_bps'] / 1e6:.1f} Mbit/s (efficiency {f['efficiency']}), all-gather "
-                  f"{f['allgather_bandwidth_bps'] / 1e6:.1f} Mbit/s, host cost {f['host_s_per_wire_byte'] * 1e9:.3g} "
-                  f"ns/B wire + {f['reduce_s_per_byte'] * 1e9:.3g} ns/B reduced ({f['host_source']}); beside "
-                  f"compute +{f['contention_latency_s'] * 1e6:.3g} us per latency step, "
-                  f"+{f['contention_s_per_wire_byte'] * 1e9:.3g} ns per wire byte\n")  # fmt: skip
+            for at in args.calibrate_bw.split(","):  # several rates: the model interpolates between them
+                cal = json.loads(testbed("calibrate", "--name", NAME, "--bw", at, "--sizes", args.calibrate_sizes,
+                                         "--out", str(profiles), "--json"))  # fmt: skip
+                f = cal["fitted"]
+                print(f"calibration, {n} hosts at {at}: alpha {f['latency_s'] * 1e6:.3g} us, all-reduce "
+                      f"{f['bandwidth_bps'] / 1e6:.1f} Mbit/s (efficiency {f['efficiency']}), all-gather "
+                      f"{f['allgather_bandwidth_bps'] / 1e6:.1f} Mbit/s, host cost "
+                      f"{f['host_s_per_wire_byte'] * 1e9:.3g} ns/B wire + {f['reduce_s_per_byte'] * 1e9:.3g} ns/B "
+                      f"reduced ({f['host_source']}); beside compute +{f['contention_latency_s'] * 1e6:.3g} us per "
+                      f"latency step, +{f['contention_s_per_wire_byte'] * 1e9:.3g} ns per wire byte\n")  # fmt: skip
             threads = max(1, cores // n)
             # profile, then every trial once; again: the drift lands on both alike. Each repetition's trials have
             # their own seed (their own trial ids: a sweep skips what is stored); the report pools them per setting

@@ -2,7 +2,8 @@
 
 Order of work (what is undone on the way out, whatever happens, as for a trial in launch.py):
   1. resolve backend, ranks per host and world size against the cluster's hosts (as a trial is: launch_plan);
-  2. shape every link at the given rate (else keep the cluster's current shaping; its rate is recorded);
+  2. shape every link at the given rate, or clear the shaping (`--bw none`: calibrated unshaped), else keep the
+     cluster's current shaping (its rate is recorded);
   3. start one `python -m runners.collbench` rank per slot of the launch plan (torchrun environment, allowlisted
      variables, GLOO_SOCKET_IFNAME or NCCL's socket settings) in its own process group, and watch them;
   4. fetch rank 0's JSON, fit (testbed.calibration), store `calibration-<cluster>-<backend>-p<p>-<rate>.json` beside
@@ -51,6 +52,7 @@ def run_calibration(
     out_dir: str | Path,
     *,
     shape: LinkShape | None = None,
+    unshaped: bool = False,
     world_size: int | None = None,
     backend: str = "auto",
     sizes_bytes: Sequence[int] = DEFAULT_SIZES_BYTES,
@@ -61,14 +63,16 @@ def run_calibration(
     on_phase: Callable[[str], None] | None = None,
 ) -> tuple[cal.Calibration, Path]:
     """Measure, fit and store; returns the calibration and the JSON's path (the figure is beside it, .png).
-    `shape` None measures at the cluster's current shaping."""
+    `shape` None measures at the cluster's current shaping, or with every link unshaped when `unshaped`."""
     from testbed.launch import TrialFailed, make_plan, watch_ranks
 
     check_settings(sizes_bytes, reps, timeout_s)
+    if unshaped and shape is not None:
+        raise InputError("calibrate: a rate and unshaped exclude each other")
     say = on_phase or (lambda _msg: None)
     hosts = cluster.hosts()
     configured = cluster.recorded_shape()
-    measured_shape = shape if shape is not None else configured
+    measured_shape = None if unshaped else (shape if shape is not None else configured)
     rate_bps = measured_shape.rate_bps if measured_shape is not None else None
     trial = Trial(
         compressor="syncsgd",
@@ -93,6 +97,9 @@ def run_calibration(
         if shape is not None:
             say(f"shaping at {shape.describe()}")
             cluster.apply_shaping(shape, hosts)
+        elif unshaped and configured is not None:
+            say("clearing the shaping")
+            cluster.clear_shaping(hosts)
         say(f"all-reduce and all-gather on {trial.world_size} ranks ({plan.backend}), {len(sizes_bytes)} sizes")
         for r in plan.ranks:
             args = CollBenchArgs(
@@ -119,7 +126,7 @@ def run_calibration(
     finally:
         for p in procs:
             p.kill_group()
-        if shape is not None:
+        if shape is not None or (unshaped and configured is not None):
             say("restoring shaping")
             if configured is not None:
                 cluster.apply_shaping(configured, hosts)

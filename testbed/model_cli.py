@@ -202,7 +202,9 @@ def add_commands(subparsers: Any) -> None:
         help="measure the cluster's all-reduce and all-gather; fit the model's latency, bandwidth and host cost",
         description="All-reduce and all-gather microbenchmarks over message sizes (algbw and busbw per size, as "
         "nccl-tests) on the cluster's ranks, with the backend trials use; fits latency, effective bandwidth and the "
-        "host cost per byte, stored beside the profiles for `predict` and `report`.",
+        "host cost per byte, stored beside the profiles for `predict` and `report`. With --bw RATE every link is "
+        "shaped at RATE for the measurement, with --bw none every link is unshaped, without --bw the cluster's "
+        "current shaping stays; calibrations at several rates are interpolated between (by the rate a trial runs at).",
     )
     add_name(p)
     add_shape_flags(p)
@@ -390,6 +392,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from testbed.cluster import backends
     from testbed.outputs import check_output_dir
 
+    unshaped = args.bw is not None and str(args.bw).strip().lower() in ("none", "unshaped")
     shape = shape_from_args(args)
     sizes = parse_sizes(args.sizes)
     if not math.isfinite(args.timeout) or args.timeout <= 0:
@@ -405,6 +408,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             cluster,
             args.out,
             shape=shape,
+            unshaped=unshaped,
             world_size=args.world_size,
             backend=args.backend,
             sizes_bytes=sizes,
@@ -459,8 +463,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         profiles_dir=args.profiles,
         status=_console().status,
     )
-    calibration = modelling.resolve_calibration(args.calibration, args.profiles, args.world_size)
-    terms = cal.model_terms(calibration, latency_s=_given_latency(args), efficiency=_given_efficiency(args))
+    terms = modelling.resolve_terms(
+        args.calibration, args.profiles, args.world_size, latency_s=_given_latency(args), efficiency=_given_efficiency(args)
+    )
     data = modelling.prediction(
         profile,
         source,

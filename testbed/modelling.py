@@ -289,14 +289,23 @@ def resolve_profile(
     return prof, f"{path} (measured now)"
 
 
-def resolve_calibration(spec: str | None, profiles_dir: str | Path | None, world_size: int) -> cal.Calibration | None:
-    """The calibration a prediction uses: `spec` a JSON path, 'none' (no calibration), or 'auto'/None (the one stored
-    in `profiles_dir` for this world size, see calibration.pick_calibration; None when there is none)."""
+def resolve_terms(
+    spec: str | None,
+    profiles_dir: str | Path | None,
+    world_size: int,
+    *,
+    latency_s: float | None = None,
+    efficiency: float | None = None,
+) -> cal.ModelTerms | cal.TermsByRate:
+    """The collective terms a prediction uses: `spec` a JSON path (that calibration), 'none' (the defaults), or
+    'auto'/None (the ones stored in `profiles_dir` for this world size, see calibration.terms_for: interpolated by
+    rate when there are several; the defaults when there is none). Latency / efficiency given override them."""
     if spec == "none":
-        return None
+        return cal.model_terms(None, latency_s=latency_s, efficiency=efficiency)
     if spec and spec != "auto":
-        return cal.load_calibration(spec)
-    return cal.pick_calibration(cal.find_calibrations(profiles_dir), world_size)
+        return cal.model_terms(cal.load_calibration(spec), latency_s=latency_s, efficiency=efficiency)
+    found = cal.find_calibrations(profiles_dir)
+    return cal.terms_for(found, world_size, latency_s=latency_s, efficiency=efficiency)
 
 
 def explicit_calibrations(spec: str) -> list[cal.Calibration]:
@@ -312,7 +321,7 @@ def prediction(
     world_size: int,
     baseline: str,
     compressors: list[str] | None = None,
-    terms: cal.ModelTerms | None = None,
+    terms: cal.ModelTerms | cal.TermsByRate | None = None,
     compute_speedup: float = 1.0,
     codec_speedup: float = 1.0,
     hook_blocks_backward: bool = True,
@@ -340,7 +349,7 @@ def prediction(
         bandwidths_bps,
         compressors=sorted(set(names) | {baseline}),
         hook_blocks_backward=hook_blocks_backward,
-        terms=terms.network(max(1, world_size), 1.0),
+        terms=terms.function(max(1, world_size)),
     )
     summary = pm.summarize(
         prof,
@@ -349,7 +358,7 @@ def prediction(
         baseline=baseline,
         compressors=names,
         hook_blocks_backward=hook_blocks_backward,
-        terms=terms.network(max(1, world_size), 1.0),
+        terms=terms.function(max(1, world_size)),
     )
     base = curves[baseline]
     out: dict[str, Any] = {

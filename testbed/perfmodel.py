@@ -639,7 +639,7 @@ def predict_curves(
     bandwidths_bps: Sequence[float],
     *,
     compressors: Sequence[str] | None = None,
-    terms: Network | None = None,
+    terms: Terms = None,
     hook_blocks_backward: bool = False,
 ) -> dict[str, list[Prediction]]:
     """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth. `terms`: the
@@ -655,10 +655,18 @@ def predict_curves(
     }
 
 
-def at(terms: Network | None, world_size: int, bandwidth_bps: float) -> Network:
-    """`terms` (a Network used as the collective terms) for `world_size` workers at `bandwidth_bps`."""
+Terms = Network | Callable[[float], Network] | None
+"""The collective terms of a prediction: one Network for every bandwidth, or a function of the bandwidth (terms
+calibrated at several rates, interpolated between them), or None for the defaults."""
+
+
+def at(terms: Terms, world_size: int, bandwidth_bps: float) -> Network:
+    """`terms` (a Network used as the collective terms, or a function of the bandwidth giving one) for
+    `world_size` workers at `bandwidth_bps`."""
     if terms is None:
         return Network(int(world_size), float(bandwidth_bps))
+    if callable(terms):
+        terms = terms(float(bandwidth_bps))
     return replace(terms, world_size=int(world_size), bandwidth_bps=float(bandwidth_bps))
 
 
@@ -757,7 +765,7 @@ def crossover(
     high_bps: float,
     *,
     baseline: str = "syncsgd",
-    terms: Network | None = None,
+    terms: Terms = None,
     hook_blocks_backward: bool = False,
     points: int = 64,
 ) -> Crossover:
@@ -791,7 +799,7 @@ def summarize(
     *,
     baseline: str = "syncsgd",
     compressors: Sequence[str] | None = None,
-    terms: Network | None = None,
+    terms: Terms = None,
     hook_blocks_backward: bool = False,
 ) -> dict[str, SpeedupSummary]:
     """Best speedup over `baseline` in the range, and the crossover, per compressor (`terms` as in predict_curves)."""

@@ -86,7 +86,7 @@ def build_report(
     """Write figures, report.html and summary.md for a results frame. Raises InputError on unusable input.
 
     Latency and efficiency: given, else the calibration's for each world size (`calibrations`, picked by
-    calibration.pick_calibration), else the defaults (50 us, 1.0). `efficiency="auto"` fits it from the
+    calibration.terms_for: interpolated by rate when calibrated at several), else the defaults (50 us, 1.0). `efficiency="auto"` fits it from the
     communication-bound syncsgd trials (1.0 when there are none).
     """
     desc = baseline_description(baseline)

@@ -283,16 +283,16 @@ def describe_crossover(kind: str, b: float | None, tie_rates: Sequence[str] = ()
 @dataclass(frozen=True)
 class ModelSettings:
     """How the report predicts: latency / efficiency given on the command line (None: the calibration's, else the
-    defaults), the hook mode, and the calibrations to pick from per world size (calibration.pick_calibration)."""
+    defaults), the hook mode, and the calibrations to pick from per world size (calibration.terms_for: one, or
+    several rates interpolated between)."""
 
     latency_s: float | None = None
     efficiency: float | None = None
     hook_blocks_backward: bool = True
     calibrations: tuple[cal.Calibration, ...] = ()
 
-    def terms(self, world_size: int) -> cal.ModelTerms:
-        picked = cal.pick_calibration(self.calibrations, int(world_size))
-        return cal.model_terms(picked, latency_s=self.latency_s, efficiency=self.efficiency)
+    def terms(self, world_size: int) -> cal.ModelTerms | cal.TermsByRate:
+        return cal.terms_for(self.calibrations, int(world_size), latency_s=self.latency_s, efficiency=self.efficiency)
 
 
 def _delay(delay_s) -> float:
@@ -303,9 +303,9 @@ def network(ws: int, bps: float, delay_s: float, s: ModelSettings) -> pm.Network
     return s.terms(ws).network(int(ws), float(bps), _delay(delay_s))
 
 
-def crossover_terms(ws: int, delay_s: float, s: ModelSettings) -> pm.Network:
+def crossover_terms(ws: int, delay_s: float, s: ModelSettings) -> pm.Terms:
     """The collective terms of `pm.crossover` for a group of `ws` workers (trial delay added to the latency)."""
-    return network(ws, 1.0, delay_s, s)
+    return s.terms(ws).function(int(ws), _delay(delay_s))
 
 
 def effective_rate(rate_bps: float, goodput_bps: float | None) -> float:

@@ -1,7 +1,8 @@
 """`testbed calibrate` on a real 2-host emulated cluster: gloo ranks in namespaces, HTB at 200 Mbit on both veth ends.
 
 The fitted all-reduce bandwidth must come within 10 % of the shaped rate (TCP goodput is ~0.956 of it), the stored
-JSON and figure must exist, and the cluster's own shaping must be back afterwards. Sizes are small (< 60 s).
+JSON and figure must exist, and the cluster's own shaping must be back afterwards; calibrated once more with the
+shaping cleared (--bw none), predict interpolates between the two. Sizes are small (< 90 s).
 """
 
 from __future__ import annotations
@@ -54,3 +55,19 @@ def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_
                        "--json", timeout_s=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["calibration"].startswith(f"calibration {stored.name}")
+    # --bw none: measured with the shaping cleared (faster than the cluster's 500 Mbit), which is put back after
+    argv = ["calibrate", "--name", name, "--bw", "none", "--sizes", "256kb,1mb,4mb", "--reps", "3"]
+    done = testbed_cli(*argv, "--out", str(out), "--json", timeout_s=120)
+    assert done.returncode == 0, done.stderr
+    unshaped = json.loads(done.stdout)
+    assert unshaped["rate_bps"] is None and unshaped["fitted"]["bandwidth_bps"] > 600e6
+    assert (out / f"calibration-{name}-gloo-p2-unshaped.json").is_file()
+    status = json.loads(testbed_cli("status", "--name", name, "--json").stdout)
+    assert all(h["links"]["upload"]["rate_bps"] == 500_000_000 for h in status["hosts"])
+    # with calibrations at two rates, predict interpolates between them and names both
+    done = testbed_cli("predict", "--model", "mlp", "--profiles", str(out), "--world-size", "2", "--bw", "1gbit",
+                       "--json", timeout_s=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert "interpolated by rate" in data["calibration"] and "unshaped" in data["calibration"]
+    assert len(data["interpolated_by_rate"]) == 2

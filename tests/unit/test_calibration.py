@@ -240,3 +240,64 @@ def test_contention_terms_reach_the_model_and_lengthen_every_collective():
     prof = pm.profile_from_dict(pm.synthetic_profile_dict())
     slow = pm.predict_iteration(prof, "powersgd", net).iter_time_s
     assert slow > pm.predict_iteration(prof, "powersgd", plain).iter_time_s
+
+
+def _at(rate_bps, k, c_byte, created_at="2026-01-01T00:00:00", b_ar=0.9e9, p=2):
+    """A calibration at `rate_bps` (None: unshaped, reaching `b_ar`) with host cost k and contention c_byte."""
+    bench = synthetic_bench(p, 80e-6, b_ar, b_ar * 0.6, k, 0.0, c_byte=c_byte)
+    return cal.calibration_from_bench(bench, cluster="c", rate_bps=rate_bps, created_at=created_at)
+
+
+def test_calibrations_at_several_rates_are_interpolated_in_log_rate():
+    low = _at(10**9, k=3e-9, c_byte=2e-9, b_ar=0.9e9)
+    high = _at(None, k=1e-9, c_byte=0.5e-9, b_ar=10e9)  # unshaped: sits at the 10 Gbit its all-reduce reached
+    stale = _at(10**9, k=9e-9, c_byte=9e-9, created_at="2025-01-01T00:00:00", b_ar=0.9e9)
+    other = _at(10**9, k=5e-9, c_byte=5e-9, p=4)
+    terms = cal.terms_for([high, stale, other, low], 2)
+    assert isinstance(terms, cal.TermsByRate)
+    assert terms.calibrations == (low, high)  # the newest at each rate, ascending; the 4-rank one not mixed in
+    assert cal.calibrated_rate_bps(high) == pytest.approx(10e9)
+    # at and beyond each end: that calibration's terms; between: linear in log(rate)
+    assert terms.at(0.5e9).host_s_per_wire_byte == pytest.approx(3e-9)
+    assert terms.at(40e9).host_s_per_wire_byte == pytest.approx(1e-9)
+    mid = terms.at(10**9 * 10**0.5)  # half-way in log between 1 and 10 Gbit
+    assert mid.host_s_per_wire_byte == pytest.approx(2e-9)
+    assert mid.contention_s_per_wire_byte == pytest.approx(1.25e-9)
+    # the efficiency is a fraction of a shaped rate: only the shaped calibration has one, so it holds everywhere
+    assert terms.at(40e9).efficiency == pytest.approx(0.9) and terms.at(40e9).allgather_efficiency == pytest.approx(0.54)
+    # the model sees the interpolated terms at each bandwidth
+    fn = terms.function(2, extra_latency_s=1e-3)
+    net = pm.at(fn, 2, 40e9)
+    assert net.bandwidth_bps == 40e9 and net.host_s_per_wire_byte == pytest.approx(1e-9)
+    assert net.latency_s == pytest.approx(80e-6 + 1e-3)
+    assert "interpolated by rate" in terms.describe() and "unshaped" in terms.describe()
+    assert [r["rate_bps"] for r in terms.as_dict()["interpolated_by_rate"]] == pytest.approx([1e9, 10e9])
+    # given latency / efficiency override every point
+    given = cal.terms_for([low, high], 2, latency_s=0.0, efficiency=0.5)
+    assert given.at(40e9).latency_s == 0.0 and given.at(40e9).efficiency == 0.5
+    assert "given on the command line" in given.source
+    # one calibration: its terms at every rate, as before
+    one = cal.terms_for([low, other], 2)
+    assert isinstance(one, cal.ModelTerms) and one.host_s_per_wire_byte == pytest.approx(3e-9)
+    assert pm.at(one.function(2), 2, 40e9).host_s_per_wire_byte == pytest.approx(3e-9)
+    assert "defaults" in cal.terms_for([], 2).source
+
+
+def test_interpolated_terms_decide_a_crossover_the_host_cost_hides():
+    """A compressor whose only advantage at high rates is the host cost it saves (8x fewer bytes, 50 ms of codec):
+    with one calibration's high host cost it wins at every rate; with the host cost calibrated lower unshaped,
+    sync SGD is faster at the top of the range and the model shows the crossover."""
+    n = 40_000_000
+    prof = pm.profile_from_dict({
+        "schema": "testbed.profile/1", "model": "m", "batch_size": 8,
+        "forward_s": 0.01, "backward_s": 0.06, "optimizer_s": 0.004,
+        "buckets": [{"index": 0, "grad_bytes": n, "numel": 1, "ready_at_s": 0.06}],
+        "compressors": {"comp": {"collective": "allreduce", "rounds": 1, "buckets": [
+            {"index": 0, "payload_bytes": n // 8, "encode_s": 0.025, "decode_s": 0.025}]}},
+    })  # fmt: skip
+    low = _at(10**9, k=3e-9, c_byte=0.0)
+    high = _at(None, k=0.2e-9, c_byte=0.0, b_ar=20e9)
+    one = pm.crossover(prof, "comp", 2, 1e8, 4e10, terms=cal.terms_for([low], 2).function(2))
+    both = pm.crossover(prof, "comp", 2, 1e8, 4e10, terms=cal.terms_for([low, high], 2).function(2))
+    assert one.kind == "always"
+    assert both.kind == "crossover" and 1e9 < both.bandwidth_bps < 4e10
