@@ -371,7 +371,8 @@ def calibration_summary(c: cal.Calibration) -> str:
     eff = (
         f"efficiency {c.efficiency:.3f} of {format_rate(c.rate_bps)}"
         if c.efficiency is not None
-        else ("efficiency not fitted (unshaped: no rate to compare with; the model uses 1.0 or --efficiency)")
+        else ("efficiency not fitted (unshaped: no rate to compare with; the model takes it from a shaped calibration "
+            "of the same cluster, else 1.0 or --efficiency)")
     )
     local = f" (local add_ probe {c.local_reduce_s_per_byte * 1e9:.3g} ns/B)" if c.local_reduce_s_per_byte else ""
     return (
