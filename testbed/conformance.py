@@ -107,6 +107,20 @@ def _stage(out: Path, rank: int) -> str:
         return "not started"
 
 
+def crash_reason(out: Path, rank: int, code: int) -> str:
+    """Why a rank that exited with `code` failed, from its log in `out`: a crash with the log's last error line, named
+    a collective-order failure when the whole log (the tail may cut it off) shows one of gloo's signs of ranks that
+    issued collectives in different orders (ORDER_SIGNS)."""
+    log = _tail(out / f"rank{rank}.log")
+    reason = f"crash: rank {rank} exited with code {code} at {_stage(out, rank)!r}: {log}"
+    path = out / f"rank{rank}.log"
+    full = path.read_text(errors="replace") if path.exists() else log
+    if any(k in full for k in ORDER_SIGNS):
+        reason = ("collective order: ranks issued collectives in different orders (a collective issued from a future "
+                  f"callback or another thread?); {reason}")  # fmt: skip
+    return reason
+
+
 def run_ranks(spec: str, options: dict[str, Any], plugin_path: str | None, *, world_size: int, steps: int,
               timeout_s: float, seed: int = 0) -> tuple[list[dict | None], str | None]:  # fmt: skip
     """Start the ranks, wait; (per-rank records or None, failure reason or None)."""
@@ -138,12 +152,7 @@ def run_ranks(spec: str, options: dict[str, Any], plugin_path: str | None, *, wo
                     while time.monotonic() < grace and any(p.poll() is None for p, _ in procs):
                         time.sleep(POLL_S)
                     r, c = bad[0]
-                    log = _tail(out / f"rank{r}.log")
-                    reason = f"crash: rank {r} exited with code {c} at {_stage(out, r)!r}: {log}"
-                    full = (out / f"rank{r}.log").read_text(errors="replace") if (out / f"rank{r}.log").exists() else log
-                    if any(k in full for k in ORDER_SIGNS):  # the whole log: the tail may cut the sign off
-                        reason = ("collective order: ranks issued collectives in different orders (a collective "
-                                  f"issued from a future callback or another thread?); {reason}")  # fmt: skip
+                    reason = crash_reason(out, r, c)
                     break
                 if all(c == 0 for c in codes):
                     break

@@ -69,3 +69,25 @@ def test_host_check_imports_and_compares_the_source(tmp_path):
     with pytest.raises(LaunchError, match="cannot be imported on host h1"):
         check_hosts(FakeCluster(str(tmp_path / "none")), [H()], "randk:make", examples, sha)
     assert "sys.path.insert(0, path)" in HOST_CHECK
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [10.0.0.2]:1234: Connection "
+        "reset by peer\nRuntimeError: Application timeout caused pair closure",  # gloo 2.14: closed by the timeout
+        "RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] op.preamble.length <= "
+        "op.nbytes. 4096 vs 64",  # a message of another collective's size arrived
+    ],
+)
+def test_check_compressor_names_a_collective_order_failure_from_either_wording(tmp_path, log):
+    from testbed.conformance import crash_reason
+
+    (tmp_path / "rank1.log").write_text("train step 3\n" + log + "\n")
+    (tmp_path / "rank1.stage").write_text("step 3")
+    reason = crash_reason(tmp_path, 1, 1)
+    assert reason.startswith("collective order: ranks issued collectives in different orders")
+    assert "rank 1 exited with code 1 at 'step 3'" in reason
+    (tmp_path / "rank0.log").write_text("Traceback (most recent call last):\nValueError: bad shape\n")
+    plain = crash_reason(tmp_path, 0, 1)
+    assert plain == "crash: rank 0 exited with code 1 at 'not started': ValueError: bad shape"
