@@ -125,7 +125,8 @@ def main() -> int:
                       f"{f['allgather_bandwidth_bps'] / 1e6:.1f} Mbit/s, host cost "
                       f"{f['host_s_per_wire_byte'] * 1e9:.3g} ns/B wire + {f['reduce_s_per_byte'] * 1e9:.3g} ns/B "
                       f"reduced ({f['host_source']}); beside compute +{f['contention_latency_s'] * 1e6:.3g} us per "
-                      f"latency step, +{f['contention_s_per_wire_byte'] * 1e9:.3g} ns per wire byte\n")  # fmt: skip
+                      f"latency step, +{f['contention_s_per_wire_byte'] * 1e9:.3g} ns per wire byte; lockstep skew "
+                      f"{cal['lockstep']['median_skew_s'] * 1e3:.3g} ms\n")  # fmt: skip
             threads = max(1, cores // n)
             # profile, then every trial once; again: the drift lands on both alike. Each repetition's trials have
             # their own seed (their own trial ids: a sweep skips what is stored); the report pools them per setting

@@ -18,6 +18,10 @@ the contention probe (the smallest and the largest size): training steps of a sm
 a thread runs the collective back to back on every rank (see _stream_probe);
   wall_s: per repetition the slowest rank's median time of one collective of the stream (beside compute)
   stolen_s = (steps' time with the stream - alone) / collectives overlapped: compute each collective took from a rank;
+the lockstep probe: the same training steps on every rank in lockstep (a barrier before each, as ranks synchronised
+by their collectives are); per step the slowest rank's time minus the median rank's:
+  skew_s: per step, how much later than the typical rank the slowest one is done (ranks time-sharing cores: the one
+          that got its time slices last);
 and the local probe: median seconds of ``x.add_(y)`` (a reduction) and ``x.copy_(y)`` over the largest size.
 """
 
@@ -120,6 +124,22 @@ def _stream_probe(dist, torch, device, step, steps: int, op, sync, barrier) -> t
     return per_op, stolen
 
 
+def _lockstep_probe(step, steps: int, barrier) -> list[float]:
+    """This rank's time of each of `steps` training steps, every one started together with the other ranks'."""
+    times = []
+    for _ in range(steps):
+        barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def lockstep_skew(per_rank: list[list[float]]) -> list[float]:
+    """Per step: the slowest rank's time minus the median rank's (`per_rank[r][k]`: rank r's step k)."""
+    return [max(ts) - statistics.median(ts) for ts in zip(*per_rank, strict=True)]
+
+
 def run(args: CollBenchArgs, env: RankEnv) -> dict:
     import torch
     import torch.distributed as dist
@@ -191,6 +211,7 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
             for name, op in ops.items():
                 times = [_stream_probe(dist, torch, device, step, steps, op, sync, barrier) for _ in range(args.reps)]
                 contention.append({"collective": name, "bytes": numel * 4, "times": times})
+        lockstep = _lockstep_probe(step, max(5, 2 * steps), barrier)
         # local reduction / copy probe on the largest size (no communication)
         big = max(args.sizes_bytes) // 4
         a = torch.ones(big, dtype=torch.float32, device=device)
@@ -207,7 +228,8 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
                 ts.append(time.perf_counter() - t0)
             local[name] = statistics.median(ts)
         gathered: list = [None] * p
-        dist.all_gather_object(gathered, {"results": results, "local": local, "contention": contention})
+        dist.all_gather_object(gathered, {"results": results, "local": local, "contention": contention,
+                                          "lockstep": lockstep})  # fmt: skip
         barrier()
     finally:
         dist.destroy_process_group()
@@ -242,6 +264,7 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
         "samples": rows,
         "contention": stolen_rows,
         "compute_chunk_s": step_s,
+        "lockstep": {"skew_s": lockstep_skew([g["lockstep"] for g in gathered])},
         "local_probe": {
             "bytes": big * 4,
             "reduce_s": statistics.median(lp["reduce"] for lp in locals_),

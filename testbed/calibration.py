@@ -225,6 +225,13 @@ class Calibration:
     local_copy_s_per_byte: float | None = None
     torch_version: str = ""
     path: str = field(default="", compare=False)
+    lockstep_skew_samples_s: tuple[float, ...] = ()  # per lockstep step: slowest rank - median rank
+
+    @property
+    def skew_s(self) -> float:
+        """How much later than the typical rank the slowest one finishes a step when the ranks start together: the
+        median over the lockstep probe's steps (0 for a calibration stored before the probe existed)."""
+        return statistics.median(self.lockstep_skew_samples_s) if self.lockstep_skew_samples_s else 0.0
 
     @property
     def efficiency(self) -> float | None:
@@ -253,6 +260,7 @@ class Calibration:
             "reduce_s_per_byte": self.fitted.reduce_s_per_byte,
             "contention_latency_s": self.fitted.contention_latency_s,
             "contention_s_per_wire_byte": self.fitted.contention_s_per_wire_byte,
+            "skew_s": self.skew_s,
         }
         if self.efficiency is not None:
             out["efficiency"] = self.efficiency
@@ -293,6 +301,7 @@ def calibration_from_bench(
         local_reduce_s_per_byte=lp["reduce_s"] / n if n and "reduce_s" in lp else None,
         local_copy_s_per_byte=lp["copy_s"] / n if n and "copy_s" in lp else None,
         torch_version=str(bench.get("torch_version", "")),
+        lockstep_skew_samples_s=tuple(float(x) for x in (bench.get("lockstep") or {}).get("skew_s") or ()),
     )
 
 
@@ -345,6 +354,7 @@ def calibration_to_dict(c: Calibration) -> dict[str, Any]:
             {"collective": s.collective, "bytes": s.n_bytes, "wall_s": s.wall_s, "stolen_s": s.stolen_s}
             for s in c.contention
         ],
+        "lockstep": {"skew_s": list(c.lockstep_skew_samples_s), "median_skew_s": c.skew_s},
     }
 
 
@@ -386,6 +396,7 @@ def calibration_from_dict(d: Mapping[str, Any], source: str = "calibration") -> 
             local_copy_s_per_byte=fitted.get("local_copy_s_per_byte"),
             torch_version=str(d.get("torch_version", "")),
             path=source,
+            lockstep_skew_samples_s=tuple(float(x) for x in (d.get("lockstep") or {}).get("skew_s") or ()),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, InputError):
@@ -453,6 +464,7 @@ class ModelTerms:
     allgather_efficiency: float | None = None  # None: `efficiency` for all-gather too
     contention_latency_s: float = 0.0
     contention_s_per_wire_byte: float = 0.0
+    skew_s: float = 0.0
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> pm.Network:
         return pm.Network(
@@ -465,6 +477,7 @@ class ModelTerms:
             allgather_efficiency=self.allgather_efficiency,
             contention_latency_s=self.contention_latency_s,
             contention_s_per_wire_byte=self.contention_s_per_wire_byte,
+            skew_s=self.skew_s,
         )
 
     def as_dict(self) -> dict[str, float | None]:
@@ -477,6 +490,7 @@ class ModelTerms:
             "reduce_s_per_byte": self.reduce_s_per_byte,
             "contention_latency_s": self.contention_latency_s,
             "contention_s_per_wire_byte": self.contention_s_per_wire_byte,
+            "skew_s": self.skew_s,
         }
 
     def describe_terms(self) -> str:
@@ -493,7 +507,8 @@ class ModelTerms:
             if self.contention_latency_s or self.contention_s_per_wire_byte
             else ""
         )
-        return f"latency {self.latency_s * 1e6:.3g} us, efficiency {self.efficiency:.3g}{ag}{host}{busy}"
+        skew = f", slowest rank {self.skew_s * 1e3:.3g} ms late in lockstep" if self.skew_s else ""
+        return f"latency {self.latency_s * 1e6:.3g} us, efficiency {self.efficiency:.3g}{ag}{host}{busy}{skew}"
 
     def describe(self) -> str:
         return f"{self.describe_terms()}; {self.source}"
@@ -528,6 +543,7 @@ def model_terms(
         terms.get("allgather_efficiency") if efficiency is None else None,
         terms["contention_latency_s"],
         terms["contention_s_per_wire_byte"],
+        terms["skew_s"],
     )
 
 
@@ -544,6 +560,7 @@ _INTERPOLATED = (
     "reduce_s_per_byte",
     "contention_latency_s",
     "contention_s_per_wire_byte",
+    "skew_s",
 )
 
 
@@ -596,6 +613,7 @@ class TermsByRate:
             ag_eff if self.efficiency is None else None,
             values["contention_latency_s"],
             values["contention_s_per_wire_byte"],
+            values["skew_s"],
         )
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> pm.Network:

@@ -380,7 +380,8 @@ def calibration_summary(c: cal.Calibration) -> str:
         f"(all-gather {format_rate(f.allgather_bandwidth_bps)}), {eff}; host cost {f.host_s_per_wire_byte * 1e9:.3g} "
         f"ns per byte on the wire, {f.reduce_s_per_byte * 1e9:.3g} ns per byte reduced{local}; beside compute a "
         f"collective takes {f.contention_latency_s * 1e6:.3g} us more per latency step and "
-        f"{f.contention_s_per_wire_byte * 1e9:.3g} ns more per byte on the wire; "
+        f"{f.contention_s_per_wire_byte * 1e9:.3g} ns more per byte on the wire; in lockstep the slowest rank "
+        f"finishes a step {c.skew_s * 1e3:.3g} ms after the median one; "
         f"fit residual {f.allreduce_fit.rel_rms:.1%} (all-reduce), {f.allgather_fit.rel_rms:.1%} (all-gather)"
     )
 

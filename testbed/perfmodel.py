@@ -29,7 +29,11 @@ The model (docs/performance-model.md has the derivation and where it breaks):
 3. World size 1: no gradient exchange, so no communication and no encode/decode.
 4. Stragglers: every iteration ends at a synchronisation, so it waits for the slowest rank's compute. With the
    profile's iteration-to-iteration spread sigma (`compute_jitter_s`, measured beside the co-located companions),
-   the median iteration is longer by sigma * z_p, z_p = Phi^-1((1/2)^(1/p)) (`straggler_s`).
+   the median iteration is longer by sigma * z_p, z_p = Phi^-1((1/2)^(1/p)) (`straggler_s`); at least by the
+   calibrated lockstep skew (`Network.skew_s`: ranks that time-share cores finish a step apart by about a time slice).
+5. Contention (calibrated; `collective_contention_s`): a collective running beside compute is slower by c_lat per
+   latency step and c_byte per wire byte, for the part of it that overlaps the backward compute still to run (none
+   after backward's end, none inside a hook that holds backward).
 """
 
 from __future__ import annotations
@@ -164,9 +168,13 @@ class Network:
     # step, and per byte a rank sends
     contention_latency_s: float = 0.0
     contention_s_per_wire_byte: float = 0.0
+    # how much later than the typical rank the slowest one finishes a step the ranks start together (calibrated by
+    # the lockstep probe; ranks time-sharing cores): a floor under the straggler term of the profile's spread
+    skew_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("host_s_per_wire_byte", "reduce_s_per_byte", "contention_latency_s", "contention_s_per_wire_byte"):
+        for name in ("host_s_per_wire_byte", "reduce_s_per_byte", "contention_latency_s", "contention_s_per_wire_byte",
+                     "skew_s"):  # fmt: skip
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise InputError(f"{name} {v!r}: expected a finite number >= 0 (seconds)")
@@ -467,9 +475,13 @@ def collective_host_s(collective: str, n_bytes: float, net: Network) -> float:
     raise InputError(f"collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
 
 
-def collective_time_s(collective: str, n_bytes: float, rounds: int, net: Network) -> float:
-    """Latency term + max(bandwidth term, host time): a collective never runs faster than its host can copy and
-    reduce (gloo on CPU at high rates); with no calibrated host cost this is the plain alpha-beta time."""
+def collective_time_s(
+    collective: str, n_bytes: float, rounds: int, net: Network, *, beside_compute_s: float = math.inf
+) -> float:
+    """Latency term + max(bandwidth term, host time) + contention: a collective never runs faster than its host can
+    copy and reduce (gloo on CPU at high rates); with no calibrated host cost this is the plain alpha-beta time.
+    The contention (`collective_contention_s`) is what compute running beside the collective adds; with compute only
+    for the collective's first `beside_compute_s` seconds, only the part of the collective that overlaps it pays."""
     if collective == "allreduce":
         fn = allreduce_time_s
     elif collective == "allgather":
@@ -481,7 +493,12 @@ def collective_time_s(collective: str, n_bytes: float, rounds: int, net: Network
         eff = net.allgather_efficiency
     latency = fn(0.0, p, b, net.latency_s, eff, rounds)
     body = max(fn(n_bytes, p, b, 0.0, eff, rounds), collective_host_s(collective, n_bytes, net))
-    return latency + body + collective_contention_s(collective, n_bytes, rounds, net)
+    free = latency + body
+    extra = collective_contention_s(collective, n_bytes, rounds, net)
+    if extra <= 0 or beside_compute_s >= free + extra:
+        return free + extra
+    # slowed while compute runs beside it (progress at free / (free + extra) of its rate), then at full speed
+    return free + max(0.0, beside_compute_s) * extra / (free + extra)
 
 
 def collective_contention_s(collective: str, n_bytes: float, rounds: int, net: Network) -> float:
@@ -552,7 +569,7 @@ def predict_iteration(
     p = net.world_size
     blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
 
-    straggler = straggler_s(profile.compute_jitter_s, p)
+    straggler = max(straggler_s(profile.compute_jitter_s, p), net.skew_s if p > 1 else 0.0)
 
     def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
         iter_s += straggler
@@ -584,7 +601,8 @@ def predict_iteration(
         end = 0.0
         for g in profile.buckets:
             c = codec[g.index]
-            comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net)
+            # the hook holds the backward stream: no compute of this rank runs beside the collective
+            comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net, beside_compute_s=0.0)
             start = max(g.ready_at_s + stall, end)
             comm_start = start + c.encode_s
             end = comm_start + comm + c.decode_s
@@ -611,12 +629,14 @@ def predict_iteration(
 
         for g in profile.buckets:
             c = codec[g.index]
-            comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net)
             now = run_backward(now, max(0.0, g.ready_at_s - prev_ready))
             prev_ready = max(prev_ready, g.ready_at_s)
             start = now
             now += c.encode_s
             comm_start = max(now, link_free)
+            # the backward compute still to run beside it (an estimate: before the slowdowns it will meet)
+            compute_left = max(0.0, now + (bw - prev_ready) - comm_start)
+            comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net, beside_compute_s=compute_left)
             link_free = comm_start + comm
             host = collective_host_s(comp.collective, c.payload_bytes, net)
             if host > 0 and comm > 0:

@@ -42,6 +42,8 @@ def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_
         ("allgather", 64_000), ("allgather", 2_000_000), ("allreduce", 64_000), ("allreduce", 2_000_000)]  # fmt: skip
     assert all(c["wall_s"] > 0 and c["stolen_s"] >= 0 for c in data["contention"])
     assert fitted["contention_latency_s"] >= 0 and fitted["contention_s_per_wire_byte"] >= 0
+    # the lockstep probe: every step of the ranks' lockstep training, the slowest rank's lateness (>= 0: max - median)
+    assert len(data["lockstep"]["skew_s"]) >= 5 and all(s >= 0 for s in data["lockstep"]["skew_s"])
     stored = out / f"calibration-{name}-gloo-p2-200mbit.json"
     assert json.loads(stored.read_text())["fitted"]["bandwidth_bps"] == pytest.approx(fitted["bandwidth_bps"])
     assert stored.with_suffix(".png").stat().st_size > 1000

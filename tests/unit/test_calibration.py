@@ -222,7 +222,7 @@ def test_fit_recovers_what_compute_beside_a_collective_adds(p):
     assert f1.host_s_per_wire_byte == pytest.approx(1.5e-9, rel=1e-6)
 
 
-def test_contention_terms_reach_the_model_and_lengthen_every_collective():
+def test_contention_terms_reach_the_model_and_lengthen_collectives_beside_compute():
     bench = synthetic_bench(4, 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.4e-9, c_lat=2e-3, c_byte=5e-9)
     c = cal.calibration_from_bench(bench, cluster="c", rate_bps=10**9)
     back = cal.calibration_from_dict(json.loads(json.dumps(cal.calibration_to_dict(c))))
@@ -237,9 +237,58 @@ def test_contention_terms_reach_the_model_and_lengthen_every_collective():
     assert extra_ar == pytest.approx(2 * 3 * 2 * 2e-3 + 1.5 * n * 5e-9)
     extra_ag = pm.collective_time_s("allgather", n, 1, net) - pm.collective_time_s("allgather", n, 1, plain)
     assert extra_ag == pytest.approx(3 * 2e-3 + 3 * n * 5e-9)
-    prof = pm.profile_from_dict(pm.synthetic_profile_dict())
-    slow = pm.predict_iteration(prof, "powersgd", net).iter_time_s
-    assert slow > pm.predict_iteration(prof, "powersgd", plain).iter_time_s
+    # beside compute for only part of its time, only that part is slowed (at free / (free + extra) of its rate)
+    free, full = pm.collective_time_s("allreduce", n, 2, plain), pm.collective_time_s("allreduce", n, 2, net)
+    assert pm.collective_time_s("allreduce", n, 2, net, beside_compute_s=0.0) == pytest.approx(free)
+    assert pm.collective_time_s("allreduce", n, 2, net, beside_compute_s=full) == pytest.approx(full)
+    half = pm.collective_time_s("allreduce", n, 2, net, beside_compute_s=full / 2)
+    assert half == pytest.approx(free + (full / 2) * extra_ar / full)
+    # in an iteration: a bucket ready early runs beside the rest of backward and pays; one ready at the end does not
+    early = _bucket_profile(ready_at_s=0.01, backward_s=0.03)  # slowed past the end of backward: exposed
+    late = _bucket_profile(ready_at_s=0.03, backward_s=0.03)
+    for prof, slower in ((early, True), (late, False)):
+        t_net = pm.predict_iteration(prof, "comp", net).iter_time_s
+        t_plain = pm.predict_iteration(prof, "comp", plain).iter_time_s
+        assert (t_net > t_plain + 1e-6) is slower, (prof.buckets, t_net, t_plain)
+    # a hook that holds backward has no compute of its rank beside its collective
+    blocked = pm.predict_iteration(early, "comp", net, hook_blocks_backward=True).iter_time_s
+    assert blocked == pytest.approx(pm.predict_iteration(early, "comp", plain, hook_blocks_backward=True).iter_time_s)
+
+
+def _bucket_profile(ready_at_s: float, backward_s: float, n: int = 8_000_000) -> pm.Profile:
+    """One bucket of `n` bytes ready at `ready_at_s`; compressor "comp" sends a tenth of it, codec time 1 ms."""
+    return pm.profile_from_dict({
+        "schema": "testbed.profile/1", "model": "m", "batch_size": 8,
+        "forward_s": 0.01, "backward_s": backward_s, "optimizer_s": 0.001,
+        "buckets": [{"index": 0, "grad_bytes": n, "numel": 1, "ready_at_s": ready_at_s}],
+        "compressors": {"comp": {"collective": "allreduce", "rounds": 1, "buckets": [
+            {"index": 0, "payload_bytes": n // 10, "encode_s": 0.001, "decode_s": 0.001}]}},
+    })  # fmt: skip
+
+
+def test_lockstep_skew_is_measured_stored_and_a_floor_under_the_straggler_term():
+    bench = synthetic_bench(4, 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.0)
+    bench["lockstep"] = {"skew_s": [0.030, 0.010, 0.020, 0.200, 0.015]}  # one step with a long stall
+    c = cal.calibration_from_bench(bench, cluster="c", rate_bps=10**9)
+    assert c.skew_s == pytest.approx(0.020)  # the median step
+    back = cal.calibration_from_dict(json.loads(json.dumps(cal.calibration_to_dict(c))))
+    assert back.skew_s == pytest.approx(0.020)
+    terms = cal.model_terms(back)
+    assert terms.skew_s == pytest.approx(0.020) and "20 ms late in lockstep" in terms.describe()
+    prof = _bucket_profile(ready_at_s=0.5, backward_s=0.5)
+    with_skew = pm.predict_iteration(prof, "comp", terms.network(4, 1e9))
+    without = pm.predict_iteration(prof, "comp", dataclasses.replace(terms.network(4, 1e9), skew_s=0.0))
+    assert with_skew.straggler_s == pytest.approx(0.020)
+    assert with_skew.iter_time_s == pytest.approx(without.iter_time_s + 0.020)
+    # a profile spread larger than the skew keeps its own straggler term; one rank has no one to wait for
+    jittery = dataclasses.replace(prof, compute_jitter_s=0.1)
+    assert pm.predict_iteration(jittery, "comp", terms.network(4, 1e9)).straggler_s == pytest.approx(
+        pm.straggler_s(0.1, 4))
+    assert pm.predict_iteration(prof, "comp", terms.network(1, 1e9)).straggler_s == 0.0
+    # a calibration stored before the probe existed: no skew
+    old = cal.calibration_to_dict(c)
+    old.pop("lockstep")
+    assert cal.calibration_from_dict(old).skew_s == 0.0
 
 
 def _at(rate_bps, k, c_byte, created_at="2026-01-01T00:00:00", b_ar=0.9e9, p=2):

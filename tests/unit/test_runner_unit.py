@@ -104,3 +104,11 @@ def test_serial_reduction_counts_decode_beside_encode_once():
     assert ph["decode_s"] == pytest.approx(0.1 + 0.05)
     assert ph["comm_s"] == pytest.approx(0.8 - 0.5 - 0.15)  # 2.6..2.7 and 2.75..2.8
     assert sum(ph.values()) == pytest.approx(3.0)
+
+
+def test_lockstep_skew_is_the_slowest_rank_minus_the_median_per_step():
+    from runners.collbench import lockstep_skew
+
+    # three ranks, two steps: rank 2 late by 30 ms in the first, rank 0 by 5 ms in the second
+    per_rank = [[0.100, 0.105], [0.100, 0.100], [0.130, 0.100]]
+    assert lockstep_skew(per_rank) == pytest.approx([0.030, 0.005])
