@@ -308,13 +308,7 @@ class LabRankProcess(RankProcess):
     def poll(self) -> int | None:
         if self.returncode is not None:
             return self.returncode
-        q = shlex.quote
-        line = (
-            f"cat {q(self.remote['rc'])} 2>/dev/null || "
-            f"(grep -qz {q(f'{TOKEN_ENV}={self.token}')} /proc/{self.pgid}/environ 2>/dev/null && echo alive "
-            "|| echo gone)"
-        )
-        out = self._conn().run_line(line, timeout_s=30).stdout.strip()
+        out = self._conn().run_line(poll_status_line(self.remote["rc"], self.token, self.pgid), timeout_s=30).stdout.strip()
         if out == "alive":
             return None
         if out.lstrip("-").isdigit():
@@ -347,6 +341,18 @@ class LabRankProcess(RankProcess):
             self._conn().get_file(self.remote["log"], self.log_path)
         except (OSError, TestbedError):
             pass  # the log is a courtesy; the exit status is what the launcher acts on
+
+
+def poll_status_line(rc_path: str, token: str, pgid: int) -> str:
+    """Remote shell printing a detached command's exit status, `alive`, or `gone` (ended without one: killed). The
+    status is read again once the leader is gone: it writes the status and exits between the first read and the
+    liveness check (a rank that ended well was once reported killed, -9, that way)."""
+    q = shlex.quote
+    return (
+        f"cat {q(rc_path)} 2>/dev/null || "
+        f"(grep -qz {q(f'{TOKEN_ENV}={token}')} /proc/{int(pgid)}/environ 2>/dev/null && echo alive) || "
+        f"cat {q(rc_path)} 2>/dev/null || echo gone"
+    )
 
 
 def kill_group_script(pgid: int, token: str, grace_s: float) -> str:

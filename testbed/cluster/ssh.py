@@ -61,7 +61,9 @@ def detached_command_line(
     group leader's environment so a later kill can check /proc/PGID/environ before signalling (pid reuse)."""
     inner = command_line(argv, env=env, cwd=cwd)
     q = shlex.quote
-    script = f"echo $$ > {q(str(pid_path))}; {inner}; echo $? > {q(str(rc_path))}"
+    # the status is renamed into place: a poll never reads a created but not yet written file
+    rc_tmp = f"{rc_path}.tmp"
+    script = f"echo $$ > {q(str(pid_path))}; {inner}; echo $? > {q(rc_tmp)} && mv -f {q(rc_tmp)} {q(str(rc_path))}"
     return (
         f"mkdir -p {q(str(PurePosixPath(log_path).parent))} {q(str(PurePosixPath(pid_path).parent))} && "
         f"rm -f {q(str(rc_path))} {q(str(pid_path))} && "

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from testbed.cluster.lab import kill_group_script
+from testbed.cluster.lab import kill_group_script, poll_status_line
 from testbed.cluster.ssh import command_line, detached_command_line
 from testbed.errors import InputError, LaunchError
 
@@ -82,3 +82,24 @@ def test_kill_group_script_refuses_bad_groups():
     script = kill_group_script(4242, "h0-abc", 1.0)
     assert "kill -TERM -- -4242" in script and "TESTBED_LAB_TOKEN=h0-abc" in script
     assert script.startswith("grep -qz")  # checks the token before signalling anything
+
+
+def test_poll_reads_the_status_written_while_it_checked_liveness(tmp_path):
+    """The leader writes its status and exits between poll's first read and its liveness check: a `grep` that writes
+    the status file as it runs stands in for that moment. The poll must print the status, not "gone" (which the
+    launcher reads as killed, -9)."""
+    import os
+
+    rc = tmp_path / "r.rc"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "grep").write_text(f"#!/bin/sh\necho 0 > {rc}\nexit 1\n")
+    (bin_dir / "grep").chmod(0o755)
+    line = poll_status_line(str(rc), "t1", 999_999_999)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=10, env=env).stdout.strip()
+    assert out == "0"
+    rc.unlink()  # no status and no leader: killed
+    assert _sh(poll_status_line(str(rc), "t1", 999_999_999)).stdout.strip() == "gone"
+    rc.write_text("3\n")
+    assert _sh(poll_status_line(str(rc), "t1", 999_999_999)).stdout.strip() == "3"
