@@ -211,7 +211,10 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
             for name, op in ops.items():
                 times = [_stream_probe(dist, torch, device, step, steps, op, sync, barrier) for _ in range(args.reps)]
                 contention.append({"collective": name, "bytes": numel * 4, "times": times})
-        lockstep = _lockstep_probe(step, max(5, 2 * steps), barrier)
+        # every rank must run as many lockstep steps as the others (each barrier pairs up): the most any rank asks
+        n_lockstep = torch.tensor([max(5, 2 * steps)], dtype=torch.int64, device=device)
+        dist.all_reduce(n_lockstep, op=dist.ReduceOp.MAX)
+        lockstep = _lockstep_probe(step, int(n_lockstep.item()), barrier)
         # local reduction / copy probe on the largest size (no communication)
         big = max(args.sizes_bytes) // 4
         a = torch.ones(big, dtype=torch.float32, device=device)
