@@ -34,6 +34,7 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -593,10 +594,14 @@ class TermsByRate:
         if len(self.calibrations) < 2:
             raise ValueError("TermsByRate needs calibrations at two or more rates")
 
+    @cached_property
+    def _points(self) -> tuple[list[float], list[dict[str, float]]]:
+        """Each calibration's rate and terms, computed once (a curve or crossover asks at many bandwidths)."""
+        return [calibrated_rate_bps(c) for c in self.calibrations], [c.model_terms() for c in self.calibrations]
+
     def at(self, bandwidth_bps: float) -> ModelTerms:
         """The terms at `bandwidth_bps`."""
-        rates = [calibrated_rate_bps(c) for c in self.calibrations]
-        terms = [c.model_terms() for c in self.calibrations]
+        rates, terms = self._points
         values = {n: _interpolate([(r, t[n]) for r, t in zip(rates, terms, strict=True)], bandwidth_bps)
                   for n in _INTERPOLATED}  # fmt: skip
         shaped = [(r, c) for r, c in zip(rates, self.calibrations, strict=True) if c.efficiency is not None]

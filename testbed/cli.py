@@ -22,6 +22,7 @@ from testbed.cli_common import (
     add_json,
     add_name,
     add_shape_flags,
+    bw_is_unshaped,
     console,
     err_console,
     int_list,
@@ -294,7 +295,7 @@ def _selected_hosts(cluster, spec: str | None):
 
 
 def cmd_shape(args: argparse.Namespace) -> int:
-    bw_none = args.bw is not None and str(args.bw).strip().lower() in ("none", "unshaped")
+    bw_none = bw_is_unshaped(args)
     shape = shape_from_args(args)
     if bw_none and not args.clear:
         raise InputError("shape --bw none: to remove the shaping use --clear")

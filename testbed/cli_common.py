@@ -52,11 +52,17 @@ def add_shape_flags(p: argparse.ArgumentParser, bw_required: bool = False) -> No
     p.add_argument("--force", action="store_true", help="replace a root qdisc the testbed did not create")
 
 
+def bw_is_unshaped(args: argparse.Namespace) -> bool:
+    """--bw none (or unshaped): the flags ask for every link unshaped, not for the current shaping."""
+    bw = getattr(args, "bw", None)
+    return bw is not None and str(bw).strip().lower() in ("none", "unshaped")
+
+
 def shape_from_args(args: argparse.Namespace) -> LinkShape | None:
     """The LinkShape the flags ask for; None when no --bw is given or it is `none`. Raises InputError on bad values
     (an empty --bw included: what an unset shell variable gives is refused, never read as unshaped)."""
     bw = getattr(args, "bw", None)
-    if bw is not None and str(bw).strip().lower() in ("none", "unshaped"):
+    if bw_is_unshaped(args):
         args.bw = bw = None
     if bw is None:
         for flag in ("burst", "delay", "jitter", "loss"):

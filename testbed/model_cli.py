@@ -390,11 +390,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import math
 
     from testbed.calibrate import check_settings, run_calibration
-    from testbed.cli_common import shape_from_args
+    from testbed.cli_common import bw_is_unshaped, shape_from_args
     from testbed.cluster import backends
     from testbed.outputs import check_output_dir
 
-    unshaped = args.bw is not None and str(args.bw).strip().lower() in ("none", "unshaped")
+    unshaped = bw_is_unshaped(args)
     shape = shape_from_args(args)
     sizes = parse_sizes(args.sizes)
     if not math.isfinite(args.timeout) or args.timeout <= 0:

@@ -386,12 +386,13 @@ def measured_verdict(
     """`crossover_verdict` for one compressor's measured points (`measured`: what `measured_crossover` made of them):
     the measured range, the decided rates and, for a crossover, its decided bracket when tied rates lie inside it."""
     kind, b = measured
-    rng = [r for r, sp in zip(rates_bps, speedups, strict=True) if r > 0 and sp > 0]
+    pts = _usable(rates_bps, speedups, ties)
+    rng = [r for r, _, _ in pts]
     bracket = decided_bracket(rates_bps, speedups, ties, b) if kind == "crossover" else None
     tied_inside = bracket is not None and any(
         bracket[0] < r < bracket[1] for r, t in zip(rates_bps, ties, strict=True) if t
     )
-    decided = sorted(r for r, sp, t in zip(rates_bps, speedups, ties, strict=True) if not t and r > 0 and sp > 0)
+    decided = [r for r, _, t in pts if not t]
     return crossover_verdict(kind, b, predicted_kind, predicted_bps, min(rng), max(rng),
                              tied_bracket=bracket if tied_inside else None, decided_bps=decided)  # fmt: skip
 
