@@ -36,6 +36,7 @@ from datetime import timedelta
 
 from runners.contract import COLLBENCH_SCHEMA, CollBenchArgs, ContractError, RankEnv
 from runners.files import atomic_write
+from runners.timing import lockstep_skew
 
 
 def bus_factor(collective: str, world_size: int) -> float:
@@ -133,11 +134,6 @@ def _lockstep_probe(step, steps: int, barrier) -> list[float]:
         step()
         times.append(time.perf_counter() - t0)
     return times
-
-
-def lockstep_skew(per_rank: list[list[float]]) -> list[float]:
-    """Per step: the slowest rank's time minus the median rank's (`per_rank[r][k]`: rank r's step k)."""
-    return [max(ts) - statistics.median(ts) for ts in zip(*per_rank, strict=True)]
 
 
 def run(args: CollBenchArgs, env: RankEnv) -> dict:

@@ -8,15 +8,16 @@ iteration-to-iteration spread of forward + backward + optimizer (1.4826 x median
 the slowest of p synchronised ranks slower than the typical one. Format: ``testbed.profile/1``.
 
 CLI: ``python -m runners.profile --model resnet18 --batch-size 32 --compressors syncsgd,powersgd --out p.json``.
-``python -m runners.profile --companion --model resnet18 --batch-size 32 --threads 1``: a companion of a co-located
-profile (`testbed profile --colocated N` starts N - 1): trains the model on synthetic batches, prints ``ready`` once
-it is warm, and keeps training until it is killed or its parent exits.
+``python -m runners.profile --lockstep-rank R --lockstep-world N --init-method file://PATH ...``: one of the N
+processes of a co-located profile (`testbed profile --colocated N` starts them; ``lockstep``): compute in lockstep
+and each compressor's encode / decode measured in place while every process trains with it; rank 0 writes --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -32,7 +33,7 @@ from runners import compressors as registry
 from runners.buckets import BucketRecorder
 from runners.compressors.base import FlatBucket
 from runners.models import build, make_optimizer
-from runners.timing import Clock
+from runners.timing import Clock, WallCpuClock, lockstep_skew
 
 SCHEMA = "testbed.profile/1"
 
@@ -110,7 +111,8 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
     ddp.register_comm_hook(base_state, recorder.wrap(base_hook))
     opt = make_optimizer(ddp.parameters(), 1e-3)
     fwd, bwd, optim, ready = [], [], [], {}
-    for step in range(2 + iters):  # 2 unmeasured: DDP rebuilds its buckets after iteration 1
+    step, total = 0, 2 + iters
+    while step < total:  # 2 unmeasured: DDP rebuilds its buckets after iteration 1
         x, y = spec.make_batch(step)
         t0 = clock.now()
         loss = spec.loss_fn(ddp(x), y)
@@ -121,7 +123,10 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
         opt.zero_grad(set_to_none=False)
         t3 = clock.now()
         clock.synchronize()
-        if step >= 2:
+        if step == 1:
+            total = 2 + measured_steps(iters, clock.seconds(t0, t3))
+        step += 1
+        if step > 2:
             fwd.append(clock.seconds(t0, t1))
             bwd.append(clock.seconds(t1, t2))
             optim.append(clock.seconds(t2, t3))
@@ -159,6 +164,26 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
         state, hook = states[name]
         result["compressors"][name] = profile_hook(state, hook, infos, grads, iters, clock)
     return result
+
+
+MIN_MEASURED_S = 2.0  # measure at least this much compute: a 40 ms step's median of 10 moves by a millisecond
+MAX_MEASURED_STEPS = 500
+
+
+def measured_steps(iters: int, step_s: float) -> int:
+    """Steps to measure: `iters`, or more when they would take less than MIN_MEASURED_S (at most
+    MAX_MEASURED_STEPS)."""
+    if step_s <= 0:
+        return iters
+    return max(iters, min(MAX_MEASURED_STEPS, math.ceil(MIN_MEASURED_S / step_s)))
+
+
+def agreed_steps(iters: int, step_s: float) -> int:
+    """`measured_steps` agreed by every rank of the default group (the most any asks): each step has collectives or
+    a barrier that the others must join."""
+    n = torch.tensor([measured_steps(iters, step_s)], dtype=torch.int64)
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    return int(n.item())
 
 
 def robust_sd(xs: list[float]) -> float:
@@ -221,22 +246,159 @@ def profile_hook(state, hook, infos, grads, iters: int, clock: Clock) -> dict:
     return out
 
 
-def companion(model: str, batch_size: int, *, image_size: int, seq_len: int, device: str = "cpu") -> None:
-    """Train `model` (forward, backward, SGD step; no communication) until killed or orphaned: the load of the other
-    ranks that share the machine while a co-located profile measures."""
+def lockstep(
+    model: str,
+    batch_size: int,
+    compressors: list[str],
+    *,
+    rank: int,
+    world_size: int,
+    init_method: str,
+    image_size: int,
+    seq_len: int,
+    iters: int = 5,
+    bucket_cap_mb: float = 25,
+    options: dict[str, dict] | None = None,
+    device: str = "cpu",
+    timeout_s: float = 300.0,
+) -> dict | None:
+    """One of `world_size` co-located processes measuring together as the ranks of a trial on this machine run
+    (`testbed profile --colocated N` starts them): returns, on rank 0, what they measured (None on the others).
+
+    Compute in lockstep: every step starts after a barrier, each rank's DDP reduces on a world-size-1 group of its
+    own (no communication beside the compute): forward / backward / optimizer medians, bucket readiness, and per step
+    how much later than the median rank the slowest one is done (``skew_s``, the wait a collective after backward
+    sees). Codecs in place (CPU only): per compressor, every rank trains with its hook on the world group, as in a
+    trial on an unshaped link, and each bucket's encode and decode are timed where they run (inside the hook and in
+    the callbacks beside the next buckets' backward), the median over ranks and steps. Payload bytes and rounds are
+    not measured here (the solo profile has them)."""
+    states = _validate(model, batch_size, compressors, iters, bucket_cap_mb, options or {}, device)
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s))  # fmt: skip
+    try:
+        own = [dist.new_group([r]) for r in range(world_size)][rank]  # every rank creates every group
+        compute = _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, own)
+        codecs = {}
+        if dev.type == "cpu":  # gloo's collectives on CUDA tensors are not what a GPU trial runs
+            for name in compressors:
+                state, hook = states[name]
+                if getattr(state, "builtin", False):  # DDP's C++ all-reduce: timed through the same hook in Python
+                    state, hook = registry.get(name, builtin=False)
+                codecs[name] = _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb,
+                                                   dev, state, hook)  # fmt: skip
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, {"compute": compute, "codecs": codecs})
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    mine = gathered[0]["compute"]
+    skew = lockstep_skew([g["compute"]["step_s"] for g in gathered])
+    out_codecs = {
+        name: {k: statistics.median(x for g in gathered for x in g["codecs"][name][k]) for k in codecs[name]}
+        for name in codecs
+    }
+    return {
+        "world_size": world_size,
+        "forward_s": statistics.median(mine["forward_s"]),
+        "backward_s": statistics.median(mine["backward_s"]),
+        "optimizer_s": statistics.median(mine["optimizer_s"]),
+        "compute_jitter_s": robust_sd(mine["step_s"]),
+        "ready_at_s": {index: statistics.median(ts) for index, ts in mine["ready_at_s"].items()},
+        "skew_s": skew,
+        "codecs": out_codecs,
+    }
+
+
+def _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, own_group) -> dict:
+    clock = Clock(dev)
     spec = build(model, batch_size, image_size=image_size, seq_len=seq_len, device=dev)
-    opt = make_optimizer(spec.module.parameters(), 1e-3)
-    parent = os.getppid()
-    step = 0
-    while os.getppid() == parent:
+    ddp = DDP(spec.module, device_ids=[dev.index] if dev.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb,
+              gradient_as_bucket_view=True, process_group=own_group)  # fmt: skip
+    recorder = BucketRecorder(clock)
+    base_state, base_hook = registry.get("syncsgd", process_group=own_group, builtin=False)
+    ddp.register_comm_hook(base_state, recorder.wrap(base_hook))
+    opt = make_optimizer(ddp.parameters(), 1e-3)
+    out: dict = {"forward_s": [], "backward_s": [], "optimizer_s": [], "step_s": [], "ready_at_s": {}}
+    step, total = 0, 2 + iters
+    while step < total:  # 2 unmeasured: DDP rebuilds its buckets after iteration 1
         x, y = spec.make_batch(step)
-        spec.loss_fn(spec.module(x), y).backward()
+        dist.barrier()
+        t0 = clock.now()
+        loss = spec.loss_fn(ddp(x), y)
+        t1 = clock.now()
+        loss.backward()
+        t2 = clock.now()
         opt.step()
         opt.zero_grad(set_to_none=False)
+        t3 = clock.now()
+        clock.synchronize()
         if step == 1:
-            print("ready", flush=True)
+            total = 2 + agreed_steps(iters, clock.seconds(t0, t3))
         step += 1
+        if step > 2:
+            out["forward_s"].append(clock.seconds(t0, t1))
+            out["backward_s"].append(clock.seconds(t1, t2))
+            out["optimizer_s"].append(clock.seconds(t2, t3))
+            out["step_s"].append(clock.seconds(t0, t3))
+            for info in recorder.buckets.values():
+                out["ready_at_s"].setdefault(info.index, []).append(clock.seconds(t1, info.ready_mark))
+    return out
+
+
+def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, state, hook) -> dict:
+    """Per step, the phases of a rank's step (``runners.train.step_phases``: forward, backward, encode, comm,
+    decode, optimizer; exposed time, as a trial reports them) while every rank trains with the compressor on the
+    world group, and ``callback_cpu_s``: the CPU time of the codec work done off the backward thread (decodes in
+    callbacks, a communication worker's encodes), the most it can have delayed backward."""
+    from runners.compressors import attach
+    from runners.train import PHASES, step_phases
+
+    clock = WallCpuClock()
+    state.stats.clock = clock
+    spec = build(model, batch_size, image_size=image_size, seq_len=seq_len, device=dev)
+    ddp = DDP(spec.module, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
+    attach(ddp, state, hook)
+    last_grad = [None]
+
+    def mark(_p):
+        last_grad[0] = clock.now()
+
+    for p in ddp.module.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(mark)
+    opt = make_optimizer(ddp.parameters(), 1e-3)
+    warmup = max(2, state.warmup_iters)  # every measured step compressed, buckets rebuilt
+    out: dict[str, list[float]] = {k: [] for k in (*PHASES, "callback_cpu_s")}
+    try:
+        step, total = 0, warmup + iters
+        while step < total:
+            x, y = spec.make_batch(step)
+            state.stats.reset()
+            t0 = clock.now()
+            loss = spec.loss_fn(ddp(x), y)
+            t1 = clock.now()
+            loss.backward()
+            t2 = clock.now()
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+            t3 = clock.now()
+            clock.synchronize()
+            if step == warmup - 1:
+                total = warmup + agreed_steps(iters, clock.seconds(t0, t3))
+            step += 1
+            if step > warmup:
+                for k, v in step_phases(clock, state.stats, False, t0, t1, t2, t2, t3, last_grad[0]).items():
+                    out[k].append(v)
+                out["callback_cpu_s"].append(sum(b.cpu - a.cpu for ph, _i, a, b, critical in state.stats.intervals
+                                                  if not critical and ph != "comm"))  # fmt: skip
+    finally:
+        close = getattr(state, "close", None)
+        if close is not None:
+            close()  # powersgd's communication worker, before the group goes
+    return out
 
 
 def main(argv=None) -> int:
@@ -251,15 +413,15 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--bucket-cap-mb", type=float, default=25)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--out", help="JSON file to write (required unless --companion)")
-    p.add_argument("--companion", action="store_true", help="train until killed: load for a co-located profile")
+    p.add_argument("--out", help="JSON file to write (required; with --lockstep-rank, rank 0 writes it)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--options-json", default="", help="compressor options as JSON ({name: {key: value}})")
+    p.add_argument("--lockstep-rank", type=int, default=None, help="this process's rank of a co-located profile")
+    p.add_argument("--lockstep-world", type=int, default=0, help="processes of the co-located profile")
+    p.add_argument("--init-method", default="", help="the co-located profile's rendezvous (file://PATH)")
     args = p.parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    if args.companion:
-        companion(args.model, args.batch_size, image_size=args.image_size, seq_len=args.seq_len, device=args.device)
-        return 0
     if not args.out:
         p.error("--out is required")
     from runners.contract import parse_value
@@ -273,7 +435,17 @@ def main(argv=None) -> int:
             if not sep or not dot:
                 raise ValueError(f"--opt {item!r} is not NAME.KEY=VALUE")
             options.setdefault(name, {})[opt] = parse_value(value)
+        if args.options_json:
+            options.update(json.loads(args.options_json))
         names = [n for n in args.compressors.split(",") if n]
+        if args.lockstep_rank is not None:
+            result = lockstep(args.model, args.batch_size, names, rank=args.lockstep_rank,
+                              world_size=args.lockstep_world, init_method=args.init_method,
+                              image_size=args.image_size, seq_len=args.seq_len, iters=args.iters,
+                              bucket_cap_mb=args.bucket_cap_mb, options=options, device=args.device)  # fmt: skip
+            if result is not None:
+                atomic_write(args.out, json.dumps(result, indent=2) + "\n")
+            return 0
         result = profile_model(args.model, args.batch_size, names, image_size=args.image_size,
                                seq_len=args.seq_len, iters=args.iters, bucket_cap_mb=args.bucket_cap_mb,
                                options=options, device=args.device)  # fmt: skip
@@ -286,4 +458,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as runners.train: no C++ static destructors after a process group's store has gone

@@ -7,6 +7,7 @@ resolved (``elapsed_time``) only after the iteration's final ``torch.cuda.synchr
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
@@ -40,6 +41,29 @@ class Clock:
     def synchronize(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
+
+
+class CpuMark(float):
+    """A wall-clock mark (``time.perf_counter``) that also carries the calling thread's CPU seconds (``.cpu``)."""
+
+    def __new__(cls, wall: float, cpu: float):
+        mark = super().__new__(cls, wall)
+        mark.cpu = cpu
+        return mark
+
+
+class WallCpuClock(Clock):
+    """A CPU clock whose marks are wall time (as ``Clock``'s) carrying the thread's CPU time: for work that starts
+    and stops on one thread, ``b.cpu - a.cpu`` is what it cost a core, without the waits for a core its wall time
+    holds when it runs beside other threads."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+
+    def now(self):
+        return CpuMark(time.perf_counter(), time.thread_time())
 
 
 class CommStats:
@@ -161,8 +185,6 @@ class SkewProbe:
 def estimate_offsets(group, world: int, rounds: int = 5, device: torch.device | str = "cpu") -> list[float]:
     """Each rank's wall-clock offset from rank 0's (seconds): after a barrier every rank samples its clock and the
     samples are all-gathered; the median over ``rounds``. Call on every rank."""
-    import statistics
-
     import torch.distributed as dist
 
     samples = []
@@ -173,3 +195,8 @@ def estimate_offsets(group, world: int, rounds: int = 5, device: torch.device | 
         dist.all_gather_into_tensor(out, mine, group=group)
         samples.append((out.cpu() - out.cpu()[0]).tolist())
     return [statistics.median(s[j] for s in samples) for j in range(world)]
+
+
+def lockstep_skew(per_rank: list[list[float]]) -> list[float]:
+    """Per step: the slowest rank's time minus the median rank's (`per_rank[r][k]`: rank r's step k)."""
+    return [max(ts) - statistics.median(ts) for ts in zip(*per_rank, strict=True)]

@@ -252,7 +252,7 @@ def _train(job: Job, device) -> int:
         payload = state.dense_bytes if getattr(state, "builtin", False) else state.stats.payload_bytes
         rec = {"rank": rank, "iter": step - warmup}
         if timing:
-            rec.update(_phases(clock, state.stats, args.serial, t0, t1, t2, t_red, t3, last_grad[0]))
+            rec.update(step_phases(clock, state.stats, args.serial, t0, t1, t2, t_red, t3, last_grad[0]))
         else:
             rec.update({k: None for k in PHASES})
         rec.update({
@@ -297,7 +297,7 @@ def _mean(values):
     return statistics.fmean(xs) if xs else None
 
 
-def _phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
+def step_phases(clock, stats, serial, t0, t1, t2, t_red, t3, last_grad) -> dict:
     sec = clock.seconds
     forward = sec(t0, t1)
     optimizer = sec(t_red, t3)

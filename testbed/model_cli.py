@@ -25,7 +25,7 @@ DEFAULT_PROFILES_DIR = "profiles"
 DEFAULT_BW_RANGE = "10mbit..10gbit"
 MAX_POINTS = 1000  # grid points of a --bw range: plenty for a smooth curve, and predict stays well under a second
 MAX_THREADS = 1024
-MAX_COLOCATED = 256  # companion processes a co-located profile may start
+MAX_COLOCATED = 256  # processes a co-located profile may start
 
 
 def _console() -> Console:
@@ -184,8 +184,9 @@ def add_commands(subparsers: Any) -> None:
         type=int,
         default=1,
         help="ranks that compute at once on the machine the trials run on (the local emulated cluster: its world "
-        "size; a lab host: its ranks per host). N > 1 measures while N - 1 companion processes train the same model "
-        "beside the profile, so compute is timed as those ranks see it (memory bandwidth, caches, cores shared). "
+        "size; a lab host: its ranks per host). N > 1 measures again with N processes training in lockstep, so compute, "
+        "the slowest rank's lateness and (CPU) each compressor's encode/decode are timed as those ranks see them "
+        "(cores, caches and memory bandwidth shared). "
         "Default: 1",
     )
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory for the JSON (default: profiles/)")

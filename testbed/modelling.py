@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import tempfile
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +47,9 @@ def measure_profile(
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
     `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it.
-    `colocated` N > 1 measures the compute phases again while N - 1 companion processes train the same model beside
-    it (each with `threads` threads): compute as it runs when N ranks share this machine (the local emulated
-    cluster: its world size); the compressors' encode/decode are timed alone and scaled by that compute slowdown.
+    `colocated` N > 1 measures again with N processes (each with `threads` threads) in lockstep, as N ranks that
+    share this machine run (the local emulated cluster: its world size): compute, the slowest rank's lateness and,
+    on CPU, each compressor's encode/decode in place (measure_lockstep, merge_lockstep).
     `options`: compressor -> its options; `plugin_path`: the directory MODULE:FACTORY plugins are imported from
     (this process imports them: the profile runs here)."""
     check_device(device)
@@ -73,146 +73,135 @@ def measure_profile(
         return profile_model(model, batch_size, names, image_size=image_size, seq_len=seq_len, iters=iters,
                              bucket_cap_mb=bucket_cap_mb, device=device, options=opts)  # fmt: skip
 
+    names = compressors or list(pm.COMPRESSORS)
     with status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor)..."):
-        data = measure(compressors or list(pm.COMPRESSORS), options)
+        data = measure(names, options)
     if colocated > 1:
-        # compute (forward, backward, optimizer, bucket readiness) again with the companions beside it; the codecs
-        # are not timed beside a companion (PowerSGD's encode came out 3x the trials': its world-size-1 hand-offs to
-        # gloo's thread wait for a core) but scaled from their solo timings by the compute's own slowdown
-        with (
-            status(f"profiling {model}'s compute with {colocated - 1} companion rank(s) beside it..."),
-            colocated_load(colocated - 1, model, batch_size, image_size, seq_len, threads, device) as load,
-        ):
-            shared = measure(["syncsgd"], None)
-        if device == "cpu":
-            check_companion_load(load, fair_share_cores(colocated, threads))
-        solo_index = {b["index"] for b in data["buckets"]}
-        if {b["index"] for b in shared["buckets"]} != solo_index:
-            raise TestbedError(f"the co-located profile of {model} found other DDP buckets than the solo one")
-        phases = ("forward_s", "backward_s", "optimizer_s")
-        slowdown = sum(shared[k] for k in phases) / max(1e-12, sum(data[k] for k in phases))
-        for key in (*phases, "buckets"):
-            data[key] = shared[key]
-        if not (device == "cpu" and oversubscribed(colocated, threads)):
-            # the spread beside the companions is the trials' when every rank has cores of its own; when they
-            # time-share cores it is the companions' phase (4 on 2 cores: 252 ms on a 0.84 s step), which ranks in
-            # lockstep do not see: the solo spread stays
-            data["compute_jitter_s"] = shared["compute_jitter_s"]
-        for comp in data["compressors"].values():
-            for b in comp["buckets"]:
-                b["encode_s"] *= slowdown
-                b["decode_s"] *= slowdown
+        with status(f"profiling {model} again as {colocated} co-located ranks in lockstep..."):
+            shared = measure_lockstep(colocated, model, batch_size, names, options, image_size=image_size,
+                                      seq_len=seq_len, iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads,
+                                      device=device, plugin_path=plugin_path)  # fmt: skip
+        data = merge_lockstep(data, shared)
     data["colocated_ranks"] = colocated
     return pm.profile_from_dict(data, source=f"profile of {model}")
 
 
-@contextlib.contextmanager
-def colocated_load(
-    companions: int,
+def measure_lockstep(
+    ranks: int,
     model: str,
     batch_size: int,
+    names: list[str],
+    options: dict[str, dict[str, Any]] | None,
+    *,
     image_size: int | None,
     seq_len: int | None,
+    iters: int,
+    bucket_cap_mb: float,
     threads: int,
     device: str,
-    ready_timeout_s: float = 300.0,
-):
-    """`companions` processes (``python -m runners.profile --companion``) training `model` while the block runs;
-    entered once every one of them says it is warm; each ended by its process group on the way out (they also exit
-    when this process does)."""
-    import selectors
+    plugin_path: str | None = None,
+    timeout_s: float = 1800.0,
+) -> dict:
+    """Run `ranks` processes of ``python -m runners.profile --lockstep-rank`` (a gloo group on a file store in a
+    temporary folder) and return what rank 0 measured (runners.profile.lockstep). Each process is ended by its
+    process group if it is still there when this returns or fails."""
     import signal
     import subprocess
     import sys
     import time
 
-    argv = [sys.executable, "-m", "runners.profile", "--companion", "--model", model, "--batch-size",
-            str(batch_size), "--threads", str(threads), "--device", device]  # fmt: skip
-    if image_size:
-        argv += ["--image-size", str(image_size)]
-    if seq_len:
-        argv += ["--seq-len", str(seq_len)]
-    procs: list[subprocess.Popen] = []
-    # a companion's stderr goes to a file, not a pipe nobody reads while it trains: a full pipe would stop it
-    errs = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed in the finally)
-    try:
-        for _ in range(companions):
-            procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errs, text=True,
-                                          start_new_session=True))  # fmt: skip
-        deadline = time.monotonic() + ready_timeout_s
-        for proc in procs:
-            with selectors.DefaultSelector() as sel:
-                sel.register(proc.stdout, selectors.EVENT_READ)
-                line = proc.stdout.readline() if sel.select(max(0.0, deadline - time.monotonic())) else ""
-            if line.strip() != "ready":
-                proc.kill()
-                errs.seek(0)
-                err = errs.read().strip().splitlines()
-                raise TestbedError(f"a companion of the co-located profile did not start: "
-                                   f"{err[-1] if err else 'no word within ' + str(ready_timeout_s) + ' s'}")  # fmt: skip
-        load = CompanionLoad()
-        start_s, start_cpu = time.monotonic(), [process_cpu_s(p.pid) for p in procs]
-        yield load
-        load.wall_s = time.monotonic() - start_s
-        load.cpu_s = [process_cpu_s(p.pid) - c for p, c in zip(procs, start_cpu, strict=True)]
-    finally:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        for proc in procs:
-            proc.wait()
-            if proc.stdout:
-                proc.stdout.close()
-        errs.close()
+    with tempfile.TemporaryDirectory(prefix="gcprof-lockstep-") as tmp:
+        out = Path(tmp) / "lockstep.json"
+        argv = [sys.executable, "-m", "runners.profile", "--model", model, "--batch-size", str(batch_size),
+                "--compressors", ",".join(names), "--iters", str(iters), "--bucket-cap-mb", str(bucket_cap_mb),
+                "--threads", str(threads), "--device", device, "--lockstep-world", str(ranks),
+                "--init-method", f"file://{tmp}/store", "--out", str(out)]  # fmt: skip
+        if image_size:
+            argv += ["--image-size", str(image_size)]
+        if seq_len:
+            argv += ["--seq-len", str(seq_len)]
+        if options:
+            argv += ["--options-json", json.dumps(options)]
+        env = dict(os.environ)
+        if plugin_path:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (plugin_path, env.get("PYTHONPATH", "")) if p)
+        procs: list[subprocess.Popen] = []
+        errs = [open(Path(tmp) / f"rank{r}.err", "w+") for r in range(ranks)]  # noqa: SIM115 (closed below)
+        try:
+            for r in range(ranks):
+                procs.append(subprocess.Popen([*argv, "--lockstep-rank", str(r)], stdout=subprocess.DEVNULL,
+                                              stderr=errs[r], env=env, start_new_session=True))  # fmt: skip
+            deadline = time.monotonic() + timeout_s
+            codes: list[int | None] = [None] * ranks
+            # until all are done or one failed: the others of a failed rank would wait for it in gloo for minutes
+            while None in codes and not any(codes):
+                if time.monotonic() > deadline:
+                    raise TestbedError(f"the co-located profile's ranks did not finish within {timeout_s:.0f} s")
+                r = codes.index(None)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    procs[r].wait(timeout=0.5)
+                codes = [proc.poll() for proc in procs]
+        finally:
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            texts = []
+            for f in errs:
+                f.seek(0)
+                texts.append(f.read().strip())
+                f.close()
+        failed = [(r, c) for r, c in enumerate(codes) if c]
+        if failed or not out.exists():
+            r, code = failed[0] if failed else (0, 0)
+            last = texts[r].splitlines()[-1] if texts[r] else "no message"
+            raise TestbedError(f"the co-located profile's rank {r} failed (exit {code}): {last}")
+        return json.loads(out.read_text())
 
 
-@dataclass
-class CompanionLoad:
-    """What the companions of a co-located profile did while it measured: wall time of the block, CPU seconds each."""
-
-    wall_s: float = 0.0
-    cpu_s: list[float] = field(default_factory=list)
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads (/proc/PID/stat); 0.0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
-
-
-def fair_share_cores(colocated: int, threads: int) -> float:
-    """Cores one of `colocated` processes gets on this machine: its threads (all cores when 0), at most an even share."""
-    cores = os.cpu_count() or 1
-    return min(float(threads or cores), cores / colocated)
-
-
-def oversubscribed(colocated: int, threads: int) -> bool:
-    """True when `colocated` processes of `threads` threads each (0: all cores) time-share this machine's cores."""
-    cores = os.cpu_count() or 1
-    return fair_share_cores(colocated, threads) < min(float(threads or cores), cores)
-
-
-MIN_COMPANION_SHARE = 0.5  # a companion that computed less than half its fair share did not load the machine
-MIN_CHECKED_WALL_S = 1.0  # shorter measurements are below the CPU clock's resolution: not checked
-
-
-def check_companion_load(load: CompanionLoad, share_cores: float) -> None:
-    """Refuse a co-located profile whose companions did not compute while it measured (stopped, starved or gone):
-    it would be a solo profile under the co-located name. Measurements under MIN_CHECKED_WALL_S are not checked."""
-    if load.wall_s < MIN_CHECKED_WALL_S:
-        return
-    expected = share_cores * load.wall_s
-    idle = [c for c in load.cpu_s if c < MIN_COMPANION_SHARE * expected]
-    if idle:
-        got = ", ".join(f"{c / load.wall_s:.2f}" for c in load.cpu_s)
-        raise TestbedError(
-            f"the co-located profile's companions used {got} cores over its {load.wall_s:.1f} s measurement; "
-            f"expected about {share_cores:.2g} each (at least {MIN_COMPANION_SHARE:.0%} of it): the measurement "
-            "did not run beside their load, so it was not stored; run it again on a machine nothing else loads"
-        )
+def merge_lockstep(solo: dict, lockstep: dict) -> dict:
+    """A profile (`testbed.profile/1` dict) whose compute and codec costs are those of ranks measured together in
+    lockstep (runners.profile.lockstep): forward / backward / optimizer, bucket readiness and the spread from the
+    lockstep compute, ``lockstep_skew_s`` (median over steps of the slowest rank minus the median one), and per
+    compressor measured in place: encode = its exposed encode, decode = its exposed decode plus what it lengthened
+    backward by (backward with the compressor minus without, at most the CPU time of its work off the backward
+    thread: the collective's own host cost stays the calibration's). Each bucket's solo encode / decode is scaled so
+    that the totals are these. Compressors not measured in place (CUDA; the built-in sync SGD) are scaled by the
+    compute's slowdown. ``lockstep_comm_s``: the communication each compressor exposed in place (a floor for the model
+at any rate). Payload bytes and rounds stay the solo profile's."""
+    ready = {int(k): float(v) for k, v in lockstep["ready_at_s"].items()}
+    if set(ready) != {b["index"] for b in solo["buckets"]}:
+        raise TestbedError(f"the co-located profile of {solo['model']} found other DDP buckets than the solo one")
+    merged = {**solo, "compressors": {}}
+    phases = ("forward_s", "backward_s", "optimizer_s")
+    for key in phases:
+        merged[key] = float(lockstep[key])
+    merged["buckets"] = sorted(({**b, "ready_at_s": ready[b["index"]]} for b in solo["buckets"]),
+                               key=lambda b: (b["ready_at_s"], b["index"]))  # fmt: skip
+    merged["compute_jitter_s"] = float(lockstep["compute_jitter_s"])
+    skew = [float(x) for x in lockstep.get("skew_s") or ()]
+    if skew:
+        merged["lockstep_skew_s"] = statistics.median(skew)
+    slowdown = sum(merged[k] for k in phases) / max(1e-12, sum(float(solo[k]) for k in phases))
+    for name, comp in solo["compressors"].items():
+        in_place = (lockstep.get("codecs") or {}).get(name)
+        enc_total = sum(b["encode_s"] for b in comp["buckets"])
+        dec_total = sum(b["decode_s"] for b in comp["buckets"])
+        if in_place is None:
+            enc_k = dec_k = slowdown
+        else:
+            lengthened = max(0.0, in_place["backward_s"] - merged["backward_s"])
+            off_thread = max(0.0, in_place["callback_cpu_s"] - in_place["decode_s"])
+            enc_k = in_place["encode_s"] / enc_total if enc_total > 0 else 1.0
+            dec_k = (in_place["decode_s"] + min(lengthened, off_thread)) / dec_total if dec_total > 0 else 1.0
+        floor = {} if in_place is None else {"lockstep_comm_s": float(in_place["comm_s"])}
+        merged["compressors"][name] = {
+            **comp,
+            **floor,
+            "buckets": [{**b, "encode_s": b["encode_s"] * enc_k, "decode_s": b["decode_s"] * dec_k}
+                        for b in comp["buckets"]],  # fmt: skip
+        }
+    return merged
 
 
 def check_device(device: str) -> None:
@@ -372,7 +361,7 @@ def prediction(
         "compute_speedup": compute_speedup,
         "codec_speedup": codec_speedup,
         "hook_blocks_backward": hook_blocks_backward,
-        "straggler_s": pm.straggler_s(prof.compute_jitter_s, world_size),
+        "straggler_s": max((b.straggler_s for b in base), default=0.0),  # spread or lockstep skew, the larger
         "baseline": baseline,
         "bandwidths_bps": bandwidths_bps,
         "compressors": {},
@@ -386,6 +375,8 @@ def prediction(
             "max_speedup": s.max_speedup,
             "max_speedup_at_bps": s.at_bps,
             "assumed": list(prof.compressor(n).assumed),
+            # the exposed communication measured in place with the ranks in lockstep: a floor at this world size
+            "comm_floor_s": prof.compressor(n).lockstep_comm_s if prof.colocated_ranks == world_size > 1 else None,
             "crossover": None
             if n == baseline
             else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps, "wins_below": cx.wins_below},

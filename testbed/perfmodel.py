@@ -28,12 +28,19 @@ The model (docs/performance-model.md has the derivation and where it breaks):
    `syncsgd` (DDP's built-in all-reduce, no hook) is always overlapped.
 3. World size 1: no gradient exchange, so no communication and no encode/decode.
 4. Stragglers: every iteration ends at a synchronisation, so it waits for the slowest rank's compute. With the
-   profile's iteration-to-iteration spread sigma (`compute_jitter_s`, measured beside the co-located companions),
-   the median iteration is longer by sigma * z_p, z_p = Phi^-1((1/2)^(1/p)) (`straggler_s`); at least by the
-   calibrated lockstep skew (`Network.skew_s`: ranks that time-share cores finish a step apart by about a time slice).
+   profile's iteration-to-iteration spread sigma (`compute_jitter_s`), the median iteration is longer by
+   sigma * z_p, z_p = Phi^-1((1/2)^(1/p)) (`straggler_s`); at least by the lockstep skew, how much later than the
+   median rank the slowest one finishes a step they start together (ranks that time-share cores finish apart by
+   about a time slice): the co-located profile's own (`Profile.lockstep_skew_s`, measured with the model) when its
+   co-located ranks are the world size, else the calibration's (`Network.skew_s`, the probe's small CNN).
 5. Contention (calibrated; `collective_contention_s`): a collective running beside compute is slower by c_lat per
    latency step and c_byte per wire byte, for the part of it that overlaps the backward compute still to run (none
    after backward's end, none inside a hook that holds backward).
+6. Floor (co-located profiles, when their co-located ranks are the world size): a step exposes at least the
+   communication it exposed when the ranks trained with the compressor in lockstep on loopback
+   (`CompressorProfile.lockstep_comm_s`), since a slower link only adds to it: ranks time-sharing cores wait at every
+   collective for the ones still computing, more than the skew of their compute alone (4 ranks on 2 cores, cnn:
+   20-26 ms exposed in place against 4 ms for the same collectives idle and 7-9 ms compute skew).
 """
 
 from __future__ import annotations
@@ -87,6 +94,9 @@ class CompressorProfile:
     buckets: tuple[CodecBucket, ...]
     options: Mapping[str, Any] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()  # what the profile assumed of a plugin that did not declare it
+    # co-located profiles: the communication a step exposed (waits at the collectives with no codec work) while the
+    # co-located ranks trained with this compressor in lockstep on loopback; a floor for any link (None: not measured)
+    lockstep_comm_s: float | None = None
 
     @property
     def payload_bytes(self) -> int:
@@ -120,6 +130,9 @@ class Profile:
     hostname: str = ""
     colocated_ranks: int = 1  # ranks computing at once on the measuring machine (testbed profile --colocated)
     compute_jitter_s: float = 0.0  # spread of one rank's forward + backward + optimizer from iteration to iteration
+    # co-located profiles: per step started together, the slowest rank's lateness behind the median one (None: not
+    # measured)
+    lockstep_skew_s: float | None = None
 
     @property
     def grad_bytes(self) -> int:
@@ -307,8 +320,10 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             missing = {b.index for b in buckets} - {b.index for b in cb}
             if missing:
                 raise InputError(f"{where}: no entry for bucket(s) {sorted(missing)}; expected one per DDP bucket")
+            floor = c.get("lockstep_comm_s")
             comps[name] = CompressorProfile(name, collective, rounds, cb, dict(c.get("options") or {}),
-                                            tuple(str(a) for a in c.get("assumed") or ()))  # fmt: skip
+                                            tuple(str(a) for a in c.get("assumed") or ()),
+                                            None if floor is None else max(0.0, float(floor)))  # fmt: skip
         return Profile(
             model=str(_req(d, "model", source)),
             batch_size=int(_req(d, "batch_size", source)),
@@ -325,6 +340,7 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             hostname=str(d.get("hostname", "")),
             colocated_ranks=int(d.get("colocated_ranks", 1)),
             compute_jitter_s=max(0.0, float(d.get("compute_jitter_s", 0.0))),
+            lockstep_skew_s=None if d.get("lockstep_skew_s") is None else max(0.0, float(d["lockstep_skew_s"])),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, InputError):
@@ -412,11 +428,15 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
     buckets = tuple(
         replace(b, ready_at_s=med(p.buckets[i].ready_at_s for p in profiles)) for i, b in enumerate(first.buckets)
     )
+    def med_or_none(values: Sequence[float | None]) -> float | None:
+        return None if any(v is None for v in values) else med(values)
+
     comps = {
         name: replace(c, buckets=tuple(
             replace(b, encode_s=med(p.compressors[name].buckets[i].encode_s for p in profiles),
                     decode_s=med(p.compressors[name].buckets[i].decode_s for p in profiles))
-            for i, b in enumerate(c.buckets)))  # fmt: skip
+            for i, b in enumerate(c.buckets)),
+            lockstep_comm_s=med_or_none([p.compressors[name].lockstep_comm_s for p in profiles]))  # fmt: skip
         for name, c in first.compressors.items()
     }
     return replace(
@@ -425,6 +445,7 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
         backward_s=med(p.backward_s for p in profiles),
         optimizer_s=med(p.optimizer_s for p in profiles),
         compute_jitter_s=med(p.compute_jitter_s for p in profiles),
+        lockstep_skew_s=med_or_none([p.lockstep_skew_s for p in profiles]),
         buckets=buckets,
         compressors=comps,
     )
@@ -559,6 +580,16 @@ def straggler_s(jitter_s: float, world_size: int) -> float:
     return jitter_s * NormalDist().inv_cdf(0.5 ** (1.0 / world_size))
 
 
+def lockstep_skew_s(profile: Profile, net: Network) -> float:
+    """The slowest rank's lateness at a step the ranks start together: the profile's own when it was measured with
+    as many co-located ranks as the world size, else the calibration's; 0 for one rank."""
+    if net.world_size <= 1:
+        return 0.0
+    if profile.lockstep_skew_s is not None and profile.colocated_ranks == net.world_size:
+        return profile.lockstep_skew_s
+    return net.skew_s
+
+
 def predict_iteration(
     profile: Profile, compressor: str, net: Network, *, hook_blocks_backward: bool = False
 ) -> Prediction:
@@ -569,10 +600,11 @@ def predict_iteration(
     p = net.world_size
     blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
 
-    straggler = max(straggler_s(profile.compute_jitter_s, p), net.skew_s if p > 1 else 0.0)
+    straggler = max(straggler_s(profile.compute_jitter_s, p), lockstep_skew_s(profile, net))
+    comm_floor = comp.lockstep_comm_s if comp.lockstep_comm_s is not None and profile.colocated_ranks == p > 1 else 0.0
 
     def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
-        iter_s += straggler
+        iter_s = max(iter_s + straggler, f + bw + opt + enc + dec + comm_floor)
         return Prediction(
             compressor,
             p,
@@ -985,6 +1017,7 @@ def profile_to_dict(profile: Profile) -> dict:
         "bucket_cap_mb": profile.bucket_cap_mb,
         "colocated_ranks": profile.colocated_ranks,
         "compute_jitter_s": profile.compute_jitter_s,
+        **({} if profile.lockstep_skew_s is None else {"lockstep_skew_s": profile.lockstep_skew_s}),
         "forward_s": profile.forward_s,
         "backward_s": profile.backward_s,
         "optimizer_s": profile.optimizer_s,
@@ -1002,6 +1035,7 @@ def profile_to_dict(profile: Profile) -> dict:
                     for b in c.buckets
                 ],
                 **({"assumed": list(c.assumed)} if c.assumed else {}),
+                **({} if c.lockstep_comm_s is None else {"lockstep_comm_s": c.lockstep_comm_s}),
             }
             for n, c in profile.compressors.items()
         },

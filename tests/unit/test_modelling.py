@@ -1,16 +1,76 @@
-"""testbed.modelling: which spread a co-located profile keeps (its own beside companions, or the solo one)."""
+"""testbed.modelling.merge_lockstep: what a co-located profile takes from its ranks measured together in lockstep."""
 
 from __future__ import annotations
 
-import os
+import pytest
 
-from testbed.modelling import fair_share_cores, oversubscribed
+from testbed.errors import TestbedError
+from testbed.modelling import merge_lockstep
+from testbed.perfmodel import profile_from_dict, synthetic_profile_dict
+
+# solo totals (collective, rounds, payload ratio, encode_s, decode_s), spread over 2 buckets
+CODECS = {"syncsgd": ("allreduce", 1, 1.0, 0.0, 0.0), "signsgd": ("allgather", 1, 1 / 32, 0.080, 0.150),
+          "topk": ("allgather", 1, 0.02, 0.250, 0.010)}  # fmt: skip
 
 
-def test_oversubscribed_when_ranks_time_share_cores(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert not oversubscribed(2, 1)  # the 2-host local cluster: a core per rank, the spread beside companions holds
-    assert oversubscribed(4, 1)  # 4 ranks on 2 cores: the companions' phase, not the trials' lockstep
-    assert oversubscribed(2, 0)  # threads 0: every process wants every core
-    assert not oversubscribed(1, 0)
-    assert fair_share_cores(4, 1) == 0.5
+def solo() -> dict:
+    return synthetic_profile_dict("resnet18", 32, forward_s=0.10, backward_s=0.20, optimizer_s=0.02, codecs=CODECS)
+
+
+def in_place(backward_s, encode_s, decode_s, callback_cpu_s, comm_s) -> dict:
+    return {"forward_s": 0.12, "backward_s": backward_s, "encode_s": encode_s, "comm_s": comm_s, "decode_s": decode_s,
+            "optimizer_s": 0.025, "callback_cpu_s": callback_cpu_s}  # fmt: skip
+
+
+def lockstep(**codecs) -> dict:
+    return {"world_size": 2, "forward_s": 0.12, "backward_s": 0.25, "optimizer_s": 0.025, "compute_jitter_s": 0.004,
+            "ready_at_s": {"0": 0.09, "1": 0.24}, "skew_s": [0.001, 0.009, 0.003], "codecs": codecs}  # fmt: skip
+
+
+def totals(merged: dict, name: str) -> tuple[float, float]:
+    buckets = merged["compressors"][name]["buckets"]
+    return sum(b["encode_s"] for b in buckets), sum(b["decode_s"] for b in buckets)
+
+
+def test_compute_spread_skew_and_bucket_readiness_come_from_the_lockstep_ranks():
+    merged = merge_lockstep(solo(), lockstep())
+    assert (merged["forward_s"], merged["backward_s"], merged["optimizer_s"]) == (0.12, 0.25, 0.025)
+    assert merged["compute_jitter_s"] == 0.004
+    assert merged["lockstep_skew_s"] == 0.003  # the median step
+    assert [(b["index"], b["ready_at_s"]) for b in merged["buckets"]] == [(0, 0.09), (1, 0.24)]
+    assert profile_from_dict(merged).lockstep_skew_s == 0.003
+
+
+def test_codecs_take_their_in_place_cost_decode_plus_what_it_lengthened_backward_by():
+    # Sign-SGD: backward 0.37 beside its callback decodes against 0.25 without: 0.12 s of the 0.19 s of CPU its
+    # callbacks did beyond the exposed decode; decode = 0.07 exposed + 0.12
+    merged = merge_lockstep(solo(), lockstep(signsgd=in_place(0.37, 0.10, 0.07, 0.26, 0.040)))
+    enc, dec = totals(merged, "signsgd")
+    assert enc == pytest.approx(0.10) and dec == pytest.approx(0.19)
+    buckets = merged["compressors"]["signsgd"]["buckets"]
+    assert buckets[0]["decode_s"] == pytest.approx(buckets[1]["decode_s"])  # the solo split between buckets stays
+    assert merged["compressors"]["signsgd"]["lockstep_comm_s"] == 0.040
+    assert merged["compressors"]["signsgd"]["buckets"][0]["payload_bytes"] == solo()["compressors"]["signsgd"][
+        "buckets"][0]["payload_bytes"]  # fmt: skip
+
+
+def test_backward_lengthened_by_more_than_the_callbacks_cpu_is_not_the_codecs():
+    # backward 0.10 s longer, but the callbacks did only 0.004 s of CPU beyond the exposed decode: the rest is the
+    # collective's own host work (the calibration's), not charged to the decode
+    merged = merge_lockstep(solo(), lockstep(topk=in_place(0.35, 0.24, 0.004, 0.008, 0.005)))
+    enc, dec = totals(merged, "topk")
+    assert enc == pytest.approx(0.24) and dec == pytest.approx(0.008)
+
+
+def test_compressors_not_measured_in_place_scale_by_the_compute_slowdown():
+    merged = merge_lockstep(solo(), lockstep())  # no in-place codecs (a CUDA profile)
+    slowdown = (0.12 + 0.25 + 0.025) / (0.10 + 0.20 + 0.02)
+    enc, dec = totals(merged, "signsgd")
+    assert enc == pytest.approx(0.080 * slowdown) and dec == pytest.approx(0.150 * slowdown)
+    assert "lockstep_comm_s" not in merged["compressors"]["signsgd"]
+
+
+def test_other_buckets_than_the_solo_profile_are_refused():
+    bad = {**lockstep(), "ready_at_s": {"0": 0.1, "1": 0.2, "2": 0.3}}
+    with pytest.raises(TestbedError, match="other DDP buckets"):
+        merge_lockstep(solo(), bad)

@@ -313,6 +313,52 @@ def test_jitter_lengthens_every_multi_rank_iteration_by_the_same_straggler_term(
     assert profile_from_dict({**d, "compute_jitter_s": -1.0}).compute_jitter_s == 0.0
 
 
+def co_located(world: int, *, skew_s=None, floors=None) -> dict:
+    d = {**synthetic_profile_dict(), "colocated_ranks": world}
+    if skew_s is not None:
+        d["lockstep_skew_s"] = skew_s
+    for name, floor in (floors or {}).items():
+        d["compressors"][name]["lockstep_comm_s"] = floor
+    return d
+
+
+def test_the_profiles_own_lockstep_skew_replaces_the_calibrations_at_its_world_size():
+    net = Network(world_size=4, bandwidth_bps=1e9, skew_s=0.020)
+    own = profile_from_dict(co_located(4, skew_s=0.030))
+    assert predict_iteration(own, "syncsgd", net).straggler_s == pytest.approx(0.030)
+    lower = profile_from_dict(co_located(4, skew_s=0.005))  # measured with the model: it wins, even when smaller
+    assert predict_iteration(lower, "syncsgd", net).straggler_s == pytest.approx(0.005)
+    other = profile_from_dict(co_located(2, skew_s=0.030))  # 2 co-located ranks say nothing of 4
+    assert predict_iteration(other, "syncsgd", net).straggler_s == pytest.approx(0.020)
+    unmeasured = profile_from_dict(co_located(4))
+    assert predict_iteration(unmeasured, "syncsgd", net).straggler_s == pytest.approx(0.020)
+
+
+def test_the_in_place_communication_is_a_floor_at_its_world_size_only():
+    fast = Network(world_size=4, bandwidth_bps=100e9)
+    plain = predict_iteration(profile_from_dict(co_located(4)), "topk", fast)
+    floored = predict_iteration(profile_from_dict(co_located(4, floors={"topk": 0.050})), "topk", fast)
+    assert plain.exposed_s < 0.050
+    assert floored.iter_time_s == pytest.approx(plain.compute_s + plain.encode_s + plain.decode_s + 0.050)
+    slow = Network(world_size=4, bandwidth_bps=10e6)  # the link exposes more than the floor: the floor is moot
+    assert predict_iteration(profile_from_dict(co_located(4, floors={"topk": 0.050})), "topk", slow).iter_time_s == (
+        pytest.approx(predict_iteration(profile_from_dict(co_located(4)), "topk", slow).iter_time_s))
+    two = Network(world_size=2, bandwidth_bps=100e9)  # measured with 4 co-located ranks: not a floor for 2
+    assert predict_iteration(profile_from_dict(co_located(4, floors={"topk": 0.050})), "topk", two).iter_time_s == (
+        pytest.approx(predict_iteration(profile_from_dict(co_located(4)), "topk", two).iter_time_s))
+
+
+def test_lockstep_terms_survive_storing_and_pooling():
+    a = profile_from_dict(co_located(2, skew_s=0.002, floors={"topk": 0.010}))
+    b = profile_from_dict(co_located(2, skew_s=0.004, floors={"topk": 0.030}))
+    c = profile_from_dict(co_located(2, skew_s=0.009, floors={"topk": 0.020}))
+    assert profile_from_dict(profile_to_dict(a)) == a
+    pooled = pool_profiles([a, b, c])
+    assert pooled.lockstep_skew_s == pytest.approx(0.004)
+    assert pooled.compressors["topk"].lockstep_comm_s == pytest.approx(0.020)
+    assert pool_profiles([a, profile_from_dict(co_located(2))]).lockstep_skew_s is None  # not measured in one
+
+
 def test_fit_efficiency_median_ratio():
     assert fit_efficiency([1.0, 1.0, 1.0], [2.0, 4.0, 2.5]) == pytest.approx(0.4)
     assert fit_efficiency([1.0], [0.5]) == 1.0  # clamped

@@ -68,7 +68,7 @@ def test_overlapped_phases_partition_the_backward_wall_time():
     # hook of one bucket at 1.5..1.9: encode 0.1, comm wait 0.2, decode 0.1; last grad at 2.5; backward ends 3.0
     stats.intervals = [("encode", 0, 1.5, 1.6, True), ("comm", 0, 1.6, 1.8, True), ("decode", 0, 1.8, 1.9, True)]
     stats.hook_end = 1.9
-    ph = train._phases(clock, stats, False, t0, t1, 3.0, 3.0, 3.25, 2.5)
+    ph = train.step_phases(clock, stats, False, t0, t1, 3.0, 3.0, 3.25, 2.5)
     assert ph["forward_s"] == pytest.approx(1.0)
     assert ph["encode_s"] == pytest.approx(0.1) and ph["decode_s"] == pytest.approx(0.1)
     assert ph["comm_s"] == pytest.approx(0.2 + 0.5)  # in-hook wait + tail after the last gradient
@@ -83,7 +83,7 @@ def test_async_decode_hidden_under_backward_is_not_counted():
     stats.intervals = [("encode", 0, 1.1, 1.2, True), ("decode", 0, 1.5, 1.6, False),  # hidden
                        ("decode", 1, 2.8, 2.9, False)]  # during the tail: exposed  # fmt: skip
     stats.hook_end = 2.0
-    ph = train._phases(clock, stats, False, 0.0, 1.0, 3.0, 3.0, 3.0, 2.5)
+    ph = train.step_phases(clock, stats, False, 0.0, 1.0, 3.0, 3.0, 3.0, 2.5)
     assert ph["decode_s"] == pytest.approx(0.1)
     assert ph["comm_s"] == pytest.approx(0.5 - 0.1)
     assert sum(ph.values()) == pytest.approx(3.0)
@@ -98,7 +98,7 @@ def test_serial_reduction_counts_decode_beside_encode_once():
     stats.intervals = [("encode", 0, 2.0, 2.2, True), ("comm", 0, 2.2, 2.3, False),
                        ("encode", 1, 2.2, 2.5, True), ("decode", 0, 2.3, 2.6, False),
                        ("decode", 1, 2.7, 2.75, False)]  # fmt: skip
-    ph = train._phases(clock, stats, True, 0.0, 1.0, 2.0, 2.8, 3.0, None)
+    ph = train.step_phases(clock, stats, True, 0.0, 1.0, 2.0, 2.8, 3.0, None)
     assert ph["backward_s"] == pytest.approx(1.0)
     assert ph["encode_s"] == pytest.approx(0.5)
     assert ph["decode_s"] == pytest.approx(0.1 + 0.05)
@@ -107,8 +107,17 @@ def test_serial_reduction_counts_decode_beside_encode_once():
 
 
 def test_lockstep_skew_is_the_slowest_rank_minus_the_median_per_step():
-    from runners.collbench import lockstep_skew
+    from runners.timing import lockstep_skew
 
     # three ranks, two steps: rank 2 late by 30 ms in the first, rank 0 by 5 ms in the second
     per_rank = [[0.100, 0.105], [0.100, 0.100], [0.130, 0.100]]
     assert lockstep_skew(per_rank) == pytest.approx([0.030, 0.005])
+
+
+def test_profiles_measure_at_least_two_seconds_of_short_steps():
+    from runners.profile import MAX_MEASURED_STEPS, measured_steps
+
+    assert measured_steps(10, 0.5) == 10  # 5 s already
+    assert measured_steps(10, 0.04) == 50  # a 40 ms step: 2 s
+    assert measured_steps(10, 1e-6) == MAX_MEASURED_STEPS
+    assert measured_steps(10, 0.0) == 10
