@@ -268,10 +268,12 @@ def lockstep(
     Compute in lockstep: every step starts after a barrier, each rank's DDP reduces on a world-size-1 group of its
     own (no communication beside the compute): forward / backward / optimizer medians, bucket readiness, and per step
     how much later than the median rank the slowest one is done (``skew_s``, the wait a collective after backward
-    sees). Codecs in place (CPU only): per compressor, every rank trains with its hook on the world group, as in a
-    trial on an unshaped link, and each bucket's encode and decode are timed where they run (inside the hook and in
-    the callbacks beside the next buckets' backward), the median over ranks and steps. Payload bytes and rounds are
-    not measured here (the solo profile has them)."""
+    sees). Codecs in place (CPU only): per compressor (sync SGD through the same hook in Python), every rank trains
+    with it on the world group, as in a trial on an unshaped link; per step its phases as a trial splits them
+    (``runners.train.step_phases``) and the CPU time of its work off the backward thread, the median over ranks and
+    steps (``codecs``: name -> phase -> seconds; testbed.modelling.merge_lockstep turns them into the profile's
+    encode / decode and the exposed-communication floor). Payload bytes and rounds are not measured here (the solo
+    profile has them)."""
     states = _validate(model, batch_size, compressors, iters, bucket_cap_mb, options or {}, device)
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
