@@ -29,10 +29,11 @@ The model (docs/performance-model.md has the derivation and where it breaks):
 3. World size 1: no gradient exchange, so no communication and no encode/decode.
 4. Stragglers: every iteration ends at a synchronisation, so it waits for the slowest rank's compute. With the
    profile's iteration-to-iteration spread sigma (`compute_jitter_s`), the median iteration is longer by
-   sigma * z_p, z_p = Phi^-1((1/2)^(1/p)) (`straggler_s`); at least by the lockstep skew, how much later than the
-   median rank the slowest one finishes a step they start together (ranks that time-share cores finish apart by
-   about a time slice): the co-located profile's own (`Profile.lockstep_skew_s`, measured with the model) when its
-   co-located ranks are the world size, else the calibration's (`Network.skew_s`, the probe's small CNN).
+   sigma * z_p, z_p = Phi^-1((1/2)^(1/p)) (`straggler_s`), at least by the calibration's lockstep skew
+   (`Network.skew_s`, the probe's small CNN: ranks that time-share cores finish a step apart by about a time
+   slice). A co-located profile whose ranks are the world size measured the term itself (`Profile.lockstep_skew_s`:
+   per step started together, the slowest rank minus the median one, with the model): it is used as is
+   (`slowest_rank_s`).
 5. Contention (calibrated; `collective_contention_s`): a collective running beside compute is slower by c_lat per
    latency step and c_byte per wire byte, for the part of it that overlaps the backward compute still to run (none
    after backward's end, none inside a hook that holds backward).
@@ -580,14 +581,17 @@ def straggler_s(jitter_s: float, world_size: int) -> float:
     return jitter_s * NormalDist().inv_cdf(0.5 ** (1.0 / world_size))
 
 
-def lockstep_skew_s(profile: Profile, net: Network) -> float:
-    """The slowest rank's lateness at a step the ranks start together: the profile's own when it was measured with
-    as many co-located ranks as the world size, else the calibration's; 0 for one rank."""
-    if net.world_size <= 1:
+def slowest_rank_s(profile: Profile, net: Network) -> float:
+    """How much later than the typical rank the slowest one finishes its compute, in the median iteration. Measured
+    directly when the profile's co-located ranks are the world size (its lockstep skew: per step started together,
+    slowest minus median rank); else estimated from the profile's spread (`straggler_s`), at least the
+    calibration's lockstep skew (the probe's small CNN). 0 for one rank."""
+    p = net.world_size
+    if p <= 1:
         return 0.0
-    if profile.lockstep_skew_s is not None and profile.colocated_ranks == net.world_size:
+    if profile.lockstep_skew_s is not None and profile.colocated_ranks == p:
         return profile.lockstep_skew_s
-    return net.skew_s
+    return max(straggler_s(profile.compute_jitter_s, p), net.skew_s)
 
 
 def predict_iteration(
@@ -600,7 +604,7 @@ def predict_iteration(
     p = net.world_size
     blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
 
-    straggler = max(straggler_s(profile.compute_jitter_s, p), lockstep_skew_s(profile, net))
+    straggler = slowest_rank_s(profile, net)
     comm_floor = comp.lockstep_comm_s if comp.lockstep_comm_s is not None and profile.colocated_ranks == p > 1 else 0.0
 
     def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
