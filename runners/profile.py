@@ -268,7 +268,7 @@ def lockstep(
     Compute in lockstep: every step starts after a barrier, each rank's DDP reduces on a world-size-1 group of its
     own (no communication beside the compute): forward / backward / optimizer medians, bucket readiness, and per step
     how much later than the median rank the slowest one is done (``skew_s``, the wait a collective after backward
-    sees). Codecs in place (CPU only): per compressor (sync SGD through the same hook in Python), every rank trains
+    sees). Codecs in place (CPU only): per compressor (sync SGD as DDP's built-in all-reduce), every rank trains
     with it on the world group, as in a trial on an unshaped link; per step its phases as a trial splits them
     (``runners.train.step_phases``) and the CPU time of its work off the backward thread, the median over ranks and
     steps (``codecs``: name -> phase -> seconds; testbed.modelling.merge_lockstep turns them into the profile's
@@ -284,9 +284,7 @@ def lockstep(
         codecs = {}
         if dev.type == "cpu":  # gloo's collectives on CUDA tensors are not what a GPU trial runs
             for name in compressors:
-                state, hook = states[name]
-                if getattr(state, "builtin", False):  # DDP's C++ all-reduce: timed through the same hook in Python
-                    state, hook = registry.get(name, builtin=False)
+                state, hook = states[name]  # sync SGD built in: DDP's C++ all-reduce, as the trials run it
                 codecs[name] = _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb,
                                                    dev, state, hook)  # fmt: skip
         gathered: list = [None] * world_size
