@@ -113,16 +113,7 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
     fwd, bwd, optim, ready = [], [], [], {}
     step, total = 0, 2 + iters
     while step < total:  # 2 unmeasured: DDP rebuilds its buckets after iteration 1
-        x, y = spec.make_batch(step)
-        t0 = clock.now()
-        loss = spec.loss_fn(ddp(x), y)
-        t1 = clock.now()
-        loss.backward()
-        t2 = clock.now()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        t3 = clock.now()
-        clock.synchronize()
+        t0, t1, t2, t3 = timed_step(spec, ddp, opt, clock, step)
         if step == 1:
             total = 2 + measured_steps(iters, clock.seconds(t0, t3))
         step += 1
@@ -184,6 +175,22 @@ def agreed_steps(iters: int, step_s: float) -> int:
     n = torch.tensor([measured_steps(iters, step_s)], dtype=torch.int64)
     dist.all_reduce(n, op=dist.ReduceOp.MAX)
     return int(n.item())
+
+
+def timed_step(spec, ddp, opt, clock: Clock, step: int) -> tuple:
+    """One training step on batch `step`; clock marks before forward, after it, after backward and after the
+    optimizer (the device synchronised at the end)."""
+    x, y = spec.make_batch(step)
+    t0 = clock.now()
+    loss = spec.loss_fn(ddp(x), y)
+    t1 = clock.now()
+    loss.backward()
+    t2 = clock.now()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    t3 = clock.now()
+    clock.synchronize()
+    return t0, t1, t2, t3
 
 
 def robust_sd(xs: list[float]) -> float:
@@ -324,17 +331,8 @@ def _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_
     out: dict = {"forward_s": [], "backward_s": [], "optimizer_s": [], "step_s": [], "ready_at_s": {}}
     step, total = 0, 2 + iters
     while step < total:  # 2 unmeasured: DDP rebuilds its buckets after iteration 1
-        x, y = spec.make_batch(step)
         dist.barrier()
-        t0 = clock.now()
-        loss = spec.loss_fn(ddp(x), y)
-        t1 = clock.now()
-        loss.backward()
-        t2 = clock.now()
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        t3 = clock.now()
-        clock.synchronize()
+        t0, t1, t2, t3 = timed_step(spec, ddp, opt, clock, step)
         if step == 1:
             total = 2 + agreed_steps(iters, clock.seconds(t0, t3))
         step += 1
@@ -375,17 +373,8 @@ def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb
     try:
         step, total = 0, warmup + iters
         while step < total:
-            x, y = spec.make_batch(step)
             state.stats.reset()
-            t0 = clock.now()
-            loss = spec.loss_fn(ddp(x), y)
-            t1 = clock.now()
-            loss.backward()
-            t2 = clock.now()
-            opt.step()
-            opt.zero_grad(set_to_none=False)
-            t3 = clock.now()
-            clock.synchronize()
+            t0, t1, t2, t3 = timed_step(spec, ddp, opt, clock, step)
             if step == warmup - 1:
                 total = warmup + agreed_steps(iters, clock.seconds(t0, t3))
             step += 1
