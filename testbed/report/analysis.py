@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from shaping.units import format_rate
 from testbed import calibration as cal
@@ -153,8 +154,9 @@ def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
         ok.groupby(keys, dropna=False)
         .agg(
             t_s=("t_s", "median"),
-            rep_lo_s=("t_s", "min"),  # the repeats' range (their p50s): how far apart two settings must be
+            rep_lo_s=("t_s", "min"),  # the repeats' range (their p50s)
             rep_hi_s=("t_s", "max"),
+            rep_s=("t_s", tuple),  # every repeat's p50: the ties' test (`tie_flags`)
             lo_s=("lo_s", "min"),
             hi_s=("hi_s", "max"),
             trials=("trial_id", "count"),
@@ -171,18 +173,19 @@ def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------------------------- speedups
 def speedup_table(agg: pd.DataFrame, baseline: str) -> tuple[pd.DataFrame, list[str]]:
-    """Adds `speedup` (baseline time / time at the same group and rate) and `tie` (see `is_tie`); notes groups
-    without a baseline."""
+    """Adds `speedup` (baseline time / time at the same group and rate) and `tie` (see `tie_flags`: per
+    compressor curve, the rates where it cannot be told from the baseline); notes groups without a baseline."""
     notes = []
-    base = agg[agg["variant"] == baseline][[*GROUP_KEYS, "rate_bps", "t_s", "rep_lo_s", "rep_hi_s", "trials"]].rename(
-        columns={"t_s": "base_t_s", "rep_lo_s": "base_lo_s", "rep_hi_s": "base_hi_s", "trials": "base_trials"}
+    base = agg[agg["variant"] == baseline][[*GROUP_KEYS, "rate_bps", "t_s", "rep_s", "trials"]].rename(
+        columns={"t_s": "base_t_s", "rep_s": "base_rep_s", "trials": "base_trials"}
     )
     out = agg.merge(base, on=[*GROUP_KEYS, "rate_bps"], how="left")
     out["speedup"] = out["base_t_s"] / out["t_s"]
-    out["tie"] = [
-        is_tie((r.rep_lo_s, r.rep_hi_s, r.trials), (r.base_lo_s, r.base_hi_s, r.base_trials))
-        for r in out.itertuples()
-    ]
+    out["tie"] = False
+    for _, g in out.groupby([*GROUP_KEYS, "variant"]):
+        pairs = [(r.rep_s, r.base_rep_s if isinstance(r.base_rep_s, tuple) else ()) for r in g.itertuples()]
+        out.loc[g.index, "tie"] = tie_flags(pairs)
+    out["tie"] = out["tie"].astype(bool)
     for key, g in out.groupby(GROUP_KEYS):
         if g["base_t_s"].isna().all():
             notes.append(f"{group_label(*key)}: no ok {baseline} trials; reported without speedups")
@@ -192,14 +195,34 @@ def speedup_table(agg: pd.DataFrame, baseline: str) -> tuple[pd.DataFrame, list[
     return out, notes
 
 
-def is_tie(a: tuple[float, float, int], b: tuple[float, float, int]) -> bool:
-    """Two settings measured (lowest, highest p50 of their repeated trials, trials) are a tie when each was run at
-    least twice and the ranges overlap: which one is faster there is within the run-to-run spread. With a single
-    trial of either the spread is unknown, and nothing is called a tie."""
-    (lo_a, hi_a, n_a), (lo_b, hi_b, n_b) = a, b
-    if not (n_a >= 2 and n_b >= 2) or any(math.isnan(float(x)) for x in (lo_a, hi_a, lo_b, hi_b)):
-        return False
-    return lo_a <= hi_b and lo_b <= hi_a
+TIE_ALPHA = 0.05  # family-wise, over the rates of one compressor's curve
+
+
+def welch_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sided p-value of Welch's t-test that the repeats `a` and `b` (each trial's p50) share a mean; NaN when
+    either has fewer than two. Both without spread: 0 when they differ, 1 when equal."""
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    if np.var(a) == 0 and np.var(b) == 0:
+        return 1.0 if np.mean(a) == np.mean(b) else 0.0
+    return float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def tie_flags(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], alpha: float = TIE_ALPHA) -> list[bool]:
+    """Per rate of one compressor's curve (its repeats, the baseline's repeats): whether the two are a tie there,
+    i.e. the repeats do not show which is faster. Welch's t-test per rate, Holm-Bonferroni over the curve's rates so
+    that the chance of calling any rate of a curve decided when the two are in truth the same is at most `alpha`
+    (with a test per rate alone, a curve of 6 rates where nothing differs has one "decided" rate in about a quarter
+    of sweeps; with 3 repeats each the old rule, ranges not overlapping, in about half). A rate where either side
+    ran once is not a tie (its spread is unknown) and not part of the family."""
+    ps = [welch_p(a, b) for a, b in pairs]
+    family = sorted((p, i) for i, p in enumerate(ps) if not math.isnan(p))
+    ties = [not math.isnan(p) for p in ps]
+    for j, (p, i) in enumerate(family):  # Holm: step down while the j-th smallest p beats alpha / (m - j)
+        if p >= alpha / (len(family) - j):
+            break
+        ties[i] = False
+    return ties
 
 
 def counted_variants(variants: Iterable[str], baseline: str) -> list[str]:
@@ -232,7 +255,7 @@ def measured_crossover(
     """Crossover of measured speedup through 1.0 (perfmodel's rule, interpolated in log-log between shaped rates):
     ("crossover", B), ("always"/"never", None), or ("n/a", None) when fewer than two rates have a speedup.
 
-    `ties`: per rate, whether the compressor and the baseline are within their repeats' spread there (`is_tie`).
+    `ties`: per rate, whether the repeats cannot tell the compressor from the baseline there (`tie_flags`).
     The medians place the crossing; it stands as a crossover only when decided rates on both sides of it are on
     opposite sides of 1.0 (`decided_bracket`), else the answer is the decided rates' ("always"/"never": the medians
     cross among tied rates at the edge of the range). ("tie", None) when every rate is a tie (a noise-decided
@@ -336,7 +359,7 @@ def crossover_verdict(
 
     A measured "always" or "never" means no crossing in the measured range: the model agrees when it also has none
     there (its crossover, if any, lies outside the range on the right side). Two crossovers agree when their ratio
-    is within 0.75-1.33. With repeated trials (see `is_tie`) the measurement only decides at its non-tied rates
+    is within 0.75-1.33. With repeated trials (see `tie_flags`) the measurement only decides at its non-tied rates
     (`decided_bps`, rising): a measured crossover also agrees when the model's lies between the decided rates around
     it with tied rates between them (`tied_bracket`), and an "always"/"never" when the model crosses only among the
     tied rates beyond the last decided one on the side where a crossing can be."""
@@ -345,7 +368,7 @@ def crossover_verdict(
     if measured_kind == "n/a":
         return None, "n/a (fewer than two measured rates)"
     if measured_kind == "tie":
-        return None, "undecided: a tie at every measured rate (the repeated trials overlap); nothing to compare"
+        return None, "undecided: a tie at every measured rate (the repeats cannot tell them apart); nothing to compare"
     inside = predicted_kind == "crossover" and predicted_bps is not None and low_bps <= predicted_bps <= high_bps
     if measured_kind == "crossover":
         if predicted_kind != "crossover" or predicted_bps is None:

@@ -9,7 +9,7 @@ import pytest
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 from testbed.report import build_report, measured_crossover, report_from_dir
-from testbed.report.analysis import crossover_verdict, decided_bracket, is_tie
+from testbed.report.analysis import crossover_verdict, decided_bracket, tie_flags, welch_p
 from testbed.results import COLUMNS as RESULTS_COLUMNS
 
 COLUMNS = list(RESULTS_COLUMNS)  # the results store's own columns: a frame as `testbed results` loads it
@@ -231,8 +231,24 @@ def test_verdict_with_ties_holds_the_model_only_to_the_decided_rates():
     assert crossover_verdict("always", None, "crossover", 7e8, 1e8, 1e10, decided_bps=decided)[1].startswith(
         "disagrees: never in the measured range"
     )
-    assert is_tie((1.0, 1.2, 3), (1.1, 1.3, 3)) and not is_tie((1.0, 1.2, 3), (1.21, 1.3, 3))
-    assert not is_tie((1.0, 1.2, 1), (1.1, 1.3, 3))  # one trial: its spread is unknown, nothing is a tie
+
+
+def test_ties_are_tested_over_the_whole_curve():
+    same, fast = (1.0, 1.1, 1.2), (0.50, 0.52, 0.55)
+    assert tie_flags([(fast, same)] * 4) == [False] * 4  # 2x apart at every rate: every rate decided
+    assert tie_flags([(same, same)] * 4) == [True] * 4
+    # 4 % apart with a few per cent of spread: decided by Welch's test at one rate (p < 0.05) ...
+    near = ((1.04, 1.05, 1.06), (1.0, 1.01, 1.02))
+    assert welch_p(*near) < 0.05
+    # ... but not with 5 other rates in the family, where the smallest p must beat 0.05 / 6 (Holm); ranges that
+    # merely miss each other (the old rule) are what 1 curve in 2 shows by chance with 3 repeats and 6 rates
+    loose = ((1.06, 1.10, 1.14), (0.98, 1.0, 1.04))
+    assert 0.05 / 6 < welch_p(*loose) < 0.05
+    assert tie_flags([loose, *[(same, same)] * 5])[0] is True
+    assert tie_flags([near, *[(fast, same)] * 5]) == [False] * 6  # Holm steps down: the strong ones free it
+    # one trial of either: its spread is unknown, nothing is called a tie, and it takes no part in the family
+    assert tie_flags([((1.0,), same), (same, same)]) == [False, True]
+    assert tie_flags([((1.0, 1.0), (1.0, 1.0)), ((1.0, 1.0), (2.0, 2.0))]) == [True, False]  # no spread at all
 
 
 def test_report_calls_a_crossing_inside_the_repeats_spread_a_tie(tmp_path):
