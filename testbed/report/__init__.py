@@ -140,7 +140,7 @@ def build_report(
         )
     for m in sorted(models_without_profile):
         notes.append(f"{m}: no profile found; measured points only (run `testbed profile --model {m}`)")
-    matrix = speedup_matrix(sp)
+    matrix = speedup_matrix(sp, baseline)
     errors = prediction_errors(agg, profiles, s)
     crossovers = pd.DataFrame(
         cx_rows,

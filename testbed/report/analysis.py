@@ -232,20 +232,25 @@ def counted_variants(variants: Iterable[str], baseline: str) -> list[str]:
 
 
 def headline(sp: pd.DataFrame, baseline: str) -> tuple[str, int, int]:
+    """'Compression beat the baseline in n of m configurations (best: ...)': a win counts where the compressor is
+    faster and the repeats decide it (not a tie, `tie_flags`); ties are counted apart."""
     # a configuration needs a gradient exchange: single-worker trials are scaling references, not counted
     rows = sp[
         sp["variant"].isin(counted_variants(sp["variant"].unique(), baseline))
         & sp["speedup"].notna()
         & (sp["world_size"] > 1)
     ]
-    n, m = int((rows["speedup"] > 1.0).sum()), len(rows)
+    wins = rows[(rows["speedup"] > 1.0) & ~rows["tie"].astype(bool)]
+    n, m, ties = len(wins), len(rows), int(rows["tie"].astype(bool).sum())
     text = f"Compression beat {baseline_description(baseline)} in {n} of {m} configurations"
-    if m:
-        best = rows.loc[rows["speedup"].idxmax()]
+    if n:
+        best = wins.loc[wins["speedup"].idxmax()]
         text += (
             f" (best: {best['variant']} {best['speedup']:.2f}x on {group_label(best['model'], best['batch_size'], best['world_size'])}"
             f" at {fmt_rate(best['rate_bps'])})"
         )
+    if ties:
+        text += f"; {ties} {'is a tie' if ties == 1 else 'are ties'} (the repeated trials do not tell them apart)"
     return text + ".", n, m
 
 
@@ -506,8 +511,9 @@ def fit_efficiency_from_trials(
     return float(np.median(fits)), len(fits)
 
 
-def speedup_matrix(sp: pd.DataFrame) -> pd.DataFrame:
-    """Wide table: one row per (model, batch, world, bandwidth), one column per compressor, cells 'N.NNx'."""
+def speedup_matrix(sp: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Wide table: one row per (model, batch, world, bandwidth), one column per compressor, cells 'N.NNx', '~N.NNx'
+    where the repeats do not tell the compressor from the baseline there (`tie_flags`)."""
     d = sp.copy()
     d["bandwidth"] = [fmt_rate(r) for r in d["rate_bps"]]
     d["order"] = [(r == 0, r) for r in d["rate_bps"]]
@@ -522,8 +528,10 @@ def speedup_matrix(sp: pd.DataFrame) -> pd.DataFrame:
             "_r": (rate == 0, rate),
         }
         for v in cols:
-            s = g.loc[g["variant"] == v, "speedup"]
-            row[v] = f"{s.iloc[0]:.2f}x" if len(s) and not math.isnan(s.iloc[0]) else "-"
+            cell = g.loc[g["variant"] == v]
+            sp_v = cell["speedup"].iloc[0] if len(cell) else math.nan
+            tie = "~" if v != baseline and len(cell) and bool(cell["tie"].iloc[0]) else ""
+            row[v] = f"{tie}{sp_v:.2f}x" if not math.isnan(sp_v) else "-"
         rows.append(row)
     out = pd.DataFrame(rows)
     if out.empty:

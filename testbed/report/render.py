@@ -57,7 +57,8 @@ def write_markdown(
     md = [
         f"# Gradient compression report\n\n**{headline}**\n",
         f"Baseline: {baseline}. Speedup = baseline iteration time / "
-        f"compressor iteration time at the same model, batch, workers and bandwidth.\n",
+        f"compressor iteration time at the same model, batch, workers and bandwidth; ~ marks a tie (the repeated "
+        f"trials do not tell the two apart there).\n",
         f"{status_line}.\n",
         f"{settings}.\n",
     ]

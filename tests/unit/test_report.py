@@ -265,6 +265,10 @@ def test_report_calls_a_crossing_inside_the_repeats_spread_a_tie(tmp_path):
     fp16 = res.tables["crossovers"].iloc[0]
     assert fp16["measured"] == "tie at every rate" and pd.isna(fp16["measured_bps"])
     assert fp16["verdict"].startswith("undecided: a tie at every measured rate")
+    # the headline counts only decided wins, the matrix marks the ties
+    assert res.headline.startswith("Compression beat fp32 sync SGD (syncsgd) in 0 of 2 configurations; 2 are ties")
+    matrix = res.tables["speedups"]
+    assert matrix["fp16"].str.startswith("~").all() and matrix["syncsgd"].eq("1.00x").all()
     # the same medians from one trial each: no spread known, so the crossing counts (and is held against the model)
     one = build_report(pd.DataFrame(rows[2:4] + rows[8:10], columns=COLUMNS), tmp_path / "one", profiles=[prof])
     fp16 = one.tables["crossovers"].iloc[0]
