@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.errors import TestbedError
+from testbed import errors
 from testbed.modelling import merge_lockstep
 from testbed.perfmodel import profile_from_dict, synthetic_profile_dict
 
@@ -72,5 +72,5 @@ def test_compressors_not_measured_in_place_scale_by_the_compute_slowdown():
 
 def test_other_buckets_than_the_solo_profile_are_refused():
     bad = {**lockstep(), "ready_at_s": {"0": 0.1, "1": 0.2, "2": 0.3}}
-    with pytest.raises(TestbedError, match="other DDP buckets"):
+    with pytest.raises(errors.TestbedError, match="other DDP buckets"):
         merge_lockstep(solo(), bad)
