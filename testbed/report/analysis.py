@@ -154,8 +154,6 @@ def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
         ok.groupby(keys, dropna=False)
         .agg(
             t_s=("t_s", "median"),
-            rep_lo_s=("t_s", "min"),  # the repeats' range (their p50s)
-            rep_hi_s=("t_s", "max"),
             rep_s=("t_s", tuple),  # every repeat's p50: the ties' test (`tie_flags`)
             lo_s=("lo_s", "min"),
             hi_s=("hi_s", "max"),
