@@ -33,7 +33,7 @@ from runners import compressors as registry
 from runners.buckets import BucketRecorder
 from runners.compressors.base import FlatBucket
 from runners.models import build, make_optimizer
-from runners.timing import Clock, WallCpuClock, lockstep_skew
+from runners.timing import Clock, lockstep_skew
 
 SCHEMA = "testbed.profile/1"
 
@@ -349,12 +349,11 @@ def _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_
 def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, state, hook) -> dict:
     """Per step, the phases of a rank's step (``runners.train.step_phases``: forward, backward, encode, comm,
     decode, optimizer; exposed time, as a trial reports them) while every rank trains with the compressor on the
-    world group, and ``callback_cpu_s``: the CPU time of the codec work done off the backward thread (decodes in
-    callbacks, a communication worker's encodes), the most it can have delayed backward."""
+    world group."""
     from runners.compressors import attach
     from runners.train import PHASES, step_phases
 
-    clock = WallCpuClock()
+    clock = Clock(dev)
     state.stats.clock = clock
     spec = build(model, batch_size, image_size=image_size, seq_len=seq_len, device=dev)
     ddp = DDP(spec.module, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
@@ -369,7 +368,7 @@ def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb
             p.register_post_accumulate_grad_hook(mark)
     opt = make_optimizer(ddp.parameters(), 1e-3)
     warmup = max(2, state.warmup_iters)  # every measured step compressed, buckets rebuilt
-    out: dict[str, list[float]] = {k: [] for k in (*PHASES, "callback_cpu_s")}
+    out: dict[str, list[float]] = {k: [] for k in PHASES}
     try:
         step, total = 0, warmup + iters
         while step < total:
@@ -381,8 +380,6 @@ def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb
             if step > warmup:
                 for k, v in step_phases(clock, state.stats, False, t0, t1, t2, t2, t3, last_grad[0]).items():
                     out[k].append(v)
-                out["callback_cpu_s"].append(sum(b.cpu - a.cpu for ph, _i, a, b, critical in state.stats.intervals
-                                                  if not critical and ph != "comm"))  # fmt: skip
     finally:
         close = getattr(state, "close", None)
         if close is not None:

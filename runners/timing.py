@@ -43,29 +43,6 @@ class Clock:
             torch.cuda.synchronize()
 
 
-class CpuMark(float):
-    """A wall-clock mark (``time.perf_counter``) that also carries the calling thread's CPU seconds (``.cpu``)."""
-
-    def __new__(cls, wall: float, cpu: float):
-        mark = super().__new__(cls, wall)
-        mark.cpu = cpu
-        return mark
-
-
-class WallCpuClock(Clock):
-    """A CPU clock whose marks are wall time (as ``Clock``'s) carrying the thread's CPU time: for work that starts
-    and stops on one thread, ``b.cpu - a.cpu`` is what it cost a core, without the waits for a core its wall time
-    holds when it runs beside other threads."""
-
-    __slots__ = ()
-
-    def __init__(self) -> None:
-        super().__init__("cpu")
-
-    def now(self):
-        return CpuMark(time.perf_counter(), time.thread_time())
-
-
 class CommStats:
     """What one compressor did during one iteration: timed intervals (encode, comm, decode) and payload bytes.
 

@@ -164,9 +164,11 @@ def merge_lockstep(solo: dict, lockstep: dict) -> dict:
     lockstep (runners.profile.lockstep): forward / backward / optimizer, bucket readiness and the spread from the
     lockstep compute, ``lockstep_skew_s`` (median over steps of the slowest rank minus the median one), and per
     compressor measured in place: encode = its exposed encode, decode = its exposed decode plus what it lengthened
-    backward by (backward with the compressor minus without, at most the CPU time of its work off the backward
-    thread: the collective's own host cost stays the calibration's). Each bucket's solo encode / decode is scaled so
-    that the totals are these. Compressors not measured in place (CUDA; the built-in sync SGD) are scaled by the
+    backward by: backward with the compressor minus the longer of backward alone and backward beside sync SGD's
+    built-in all-reduce (a plain collective's own host work stays the calibration's). Not capped by the rank's own
+    callback CPU: co-located ranks share the cores, so a peer's decode lands beside this rank's backward too (4 ranks
+    on 2 cores, Sign-SGD: backward 251 ms longer against 40 ms of its own callbacks' CPU beyond the exposed decode).
+    Each bucket's solo encode / decode is scaled so that the totals are these. Compressors not measured in place (CUDA; the built-in sync SGD) are scaled by the
     compute's slowdown. ``lockstep_comm_s``: the communication each compressor exposed in place (a floor for the model
 at any rate). Payload bytes and rounds stay the solo profile's."""
     ready = {int(k): float(v) for k, v in lockstep["ready_at_s"].items()}
@@ -183,17 +185,18 @@ at any rate). Payload bytes and rounds stay the solo profile's."""
     if skew:
         merged["lockstep_skew_s"] = statistics.median(skew)
     slowdown = sum(merged[k] for k in phases) / max(1e-12, sum(float(solo[k]) for k in phases))
+    codecs = lockstep.get("codecs") or {}
+    plain_backward_s = max(merged["backward_s"], float((codecs.get("syncsgd") or {}).get("backward_s", 0.0)))
     for name, comp in solo["compressors"].items():
-        in_place = (lockstep.get("codecs") or {}).get(name)
+        in_place = codecs.get(name)
         enc_total = sum(b["encode_s"] for b in comp["buckets"])
         dec_total = sum(b["decode_s"] for b in comp["buckets"])
         if in_place is None:
             enc_k = dec_k = slowdown
         else:
-            lengthened = max(0.0, in_place["backward_s"] - merged["backward_s"])
-            off_thread = max(0.0, in_place["callback_cpu_s"] - in_place["decode_s"])
+            lengthened = max(0.0, in_place["backward_s"] - plain_backward_s)
             enc_k = in_place["encode_s"] / enc_total if enc_total > 0 else 1.0
-            dec_k = (in_place["decode_s"] + min(lengthened, off_thread)) / dec_total if dec_total > 0 else 1.0
+            dec_k = (in_place["decode_s"] + lengthened) / dec_total if dec_total > 0 else 1.0
         floor = {} if in_place is None else {"lockstep_comm_s": float(in_place["comm_s"])}
         merged["compressors"][name] = {
             **comp,
