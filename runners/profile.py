@@ -33,7 +33,7 @@ from runners import compressors as registry
 from runners.buckets import BucketRecorder
 from runners.compressors.base import FlatBucket
 from runners.models import build, make_optimizer
-from runners.timing import Clock, lockstep_skew
+from runners.timing import Clock, last_grad_marks, lockstep_skew
 
 SCHEMA = "testbed.profile/1"
 
@@ -358,14 +358,7 @@ def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb
     spec = build(model, batch_size, image_size=image_size, seq_len=seq_len, device=dev)
     ddp = DDP(spec.module, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
     attach(ddp, state, hook)
-    last_grad = [None]
-
-    def mark(_p):
-        last_grad[0] = clock.now()
-
-    for p in ddp.module.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(mark)
+    last_grad = last_grad_marks(ddp.module, clock)
     opt = make_optimizer(ddp.parameters(), 1e-3)
     warmup = max(2, state.warmup_iters)  # every measured step compressed, buckets rebuilt
     out: dict[str, list[float]] = {k: [] for k in PHASES}

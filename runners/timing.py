@@ -43,6 +43,21 @@ class Clock:
             torch.cuda.synchronize()
 
 
+def last_grad_marks(module: torch.nn.Module, clock: Clock) -> list:
+    """A one-element list that holds, after each backward, the clock's mark of the last gradient accumulated into
+    `module`'s trainable parameters (the end of backward compute, with the hooks' waits after it); the caller may
+    clear it to None before a step."""
+    box: list = [None]
+
+    def mark(_param) -> None:
+        box[0] = clock.now()
+
+    for param in module.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(mark)
+    return box
+
+
 class CommStats:
     """What one compressor did during one iteration: timed intervals (encode, comm, decode) and payload bytes.
 

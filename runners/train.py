@@ -164,7 +164,7 @@ def _train(job: Job, device) -> int:
     from runners import compressors
     from runners.buckets import BucketRecorder, serial_reduce
     from runners.models import build, make_optimizer
-    from runners.timing import Clock
+    from runners.timing import Clock, last_grad_marks
 
     args, state, hook = job.args, job.state, job.hook
     rank, world = job.env.rank, job.env.world_size
@@ -195,14 +195,7 @@ def _train(job: Job, device) -> int:
         probe = state.stats.probe = SkewProbe(probe_group, world, rank, offsets, device=device)
 
     # last-gradient marks: the end of backward compute (normal mode, timing on)
-    last_grad = [None]
-    if timing and not args.serial:
-        def mark(_p):
-            last_grad[0] = clock.now()
-
-        for p in model.module.parameters():
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(mark)
+    last_grad = last_grad_marks(model.module, clock) if timing and not args.serial else [None]
 
     warmup = max(args.warmup_iters, state.warmup_iters, 2 if args.serial else 0)
     wire_if = args.iface or iface_for(job.env.master_addr)

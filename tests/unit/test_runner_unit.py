@@ -121,3 +121,29 @@ def test_profiles_measure_at_least_two_seconds_of_short_steps():
     assert measured_steps(10, 0.04) == 50  # a 40 ms step: 2 s
     assert measured_steps(10, 1e-6) == MAX_MEASURED_STEPS
     assert measured_steps(10, 0.0) == 10
+
+
+def test_last_grad_marks_hold_the_mark_of_the_last_gradient_of_each_backward():
+    import torch
+
+    from runners.timing import last_grad_marks
+
+    class Counter(Clock):
+        def __init__(self):
+            super().__init__("cpu")
+            self.n = 0
+
+        def now(self):
+            self.n += 1
+            return self.n
+
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    module[0].bias.requires_grad_(False)  # frozen parameters are not marked
+    clock = Counter()
+    box = last_grad_marks(module, clock)
+    assert box == [None]
+    module(torch.ones(2, 3)).sum().backward()
+    assert box[0] == 3  # one mark per trainable parameter, the last one kept
+    box[0] = None
+    module(torch.ones(2, 3)).sum().backward()
+    assert box[0] == 6
