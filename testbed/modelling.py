@@ -168,9 +168,9 @@ def merge_lockstep(solo: dict, lockstep: dict) -> dict:
     built-in all-reduce (a plain collective's own host work stays the calibration's). Not capped by the rank's own
     callback CPU: co-located ranks share the cores, so a peer's decode lands beside this rank's backward too (4 ranks
     on 2 cores, Sign-SGD: backward 251 ms longer against 40 ms of its own callbacks' CPU beyond the exposed decode).
-    Each bucket's solo encode / decode is scaled so that the totals are these. Compressors not measured in place (CUDA; the built-in sync SGD) are scaled by the
-    compute's slowdown. ``lockstep_comm_s``: the communication each compressor exposed in place (a floor for the model
-at any rate). Payload bytes and rounds stay the solo profile's."""
+    Each bucket's solo encode / decode is scaled so that the totals are these. Compressors not measured in place
+    (CUDA) are scaled by the compute's slowdown. ``lockstep_comm_s``: the communication each compressor exposed in
+    place (a floor for the model at any rate). Payload bytes and rounds stay the solo profile's."""
     ready = {int(k): float(v) for k, v in lockstep["ready_at_s"].items()}
     if set(ready) != {b["index"] for b in solo["buckets"]}:
         raise TestbedError(f"the co-located profile of {solo['model']} found other DDP buckets than the solo one")
