@@ -33,7 +33,8 @@ from runners import compressors as registry
 from runners.buckets import BucketRecorder
 from runners.compressors.base import FlatBucket
 from runners.models import build, make_optimizer
-from runners.timing import Clock, last_grad_marks, lockstep_skew
+from runners.timing import Clock, last_grad_marks, lockstep_skew, slowest_rank_steps
+from runners.train import PHASES
 
 SCHEMA = "testbed.profile/1"
 
@@ -277,10 +278,10 @@ def lockstep(
     how much later than the median rank the slowest one is done (``skew_s``, the wait a collective after backward
     sees). Codecs in place (CPU only): per compressor (sync SGD as DDP's built-in all-reduce), every rank trains
     with it on the world group, as in a trial on an unshaped link; per step its phases as a trial splits them
-    (``runners.train.step_phases``) and the CPU time of its work off the backward thread, the median over ranks and
-    steps (``codecs``: name -> phase -> seconds; testbed.modelling.merge_lockstep turns them into the profile's
-    encode / decode and the exposed-communication floor). Payload bytes and rounds are not measured here (the solo
-    profile has them)."""
+    (``runners.train.step_phases``), the median over ranks and steps, and ``step_s``, the median over steps of the
+    slowest rank's step (a trial's iteration time) (``codecs``: name -> phase -> seconds;
+    testbed.modelling.merge_lockstep turns them into the profile's encode / decode and its floors). Payload bytes and
+    rounds are not measured here (the solo profile has them)."""
     states = _validate(model, batch_size, compressors, iters, bucket_cap_mb, options or {}, device)
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
@@ -304,7 +305,10 @@ def lockstep(
     mine = gathered[0]["compute"]
     skew = lockstep_skew([g["compute"]["step_s"] for g in gathered])
     out_codecs = {
-        name: {k: statistics.median(x for g in gathered for x in g["codecs"][name][k]) for k in codecs[name]}
+        name: {
+            **{k: statistics.median(x for g in gathered for x in g["codecs"][name][k]) for k in PHASES},
+            "step_s": statistics.median(slowest_rank_steps([g["codecs"][name]["step_s"] for g in gathered])),
+        }
         for name in codecs
     }
     return {
@@ -348,10 +352,10 @@ def _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_
 
 def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, state, hook) -> dict:
     """Per step, the phases of a rank's step (``runners.train.step_phases``: forward, backward, encode, comm,
-    decode, optimizer; exposed time, as a trial reports them) while every rank trains with the compressor on the
-    world group."""
+    decode, optimizer; exposed time, as a trial reports them) and the whole step (``step_s``) while every rank
+    trains with the compressor on the world group."""
     from runners.compressors import attach
-    from runners.train import PHASES, step_phases
+    from runners.train import step_phases
 
     clock = Clock(dev)
     state.stats.clock = clock
@@ -361,7 +365,7 @@ def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb
     last_grad = last_grad_marks(ddp.module, clock)
     opt = make_optimizer(ddp.parameters(), 1e-3)
     warmup = max(2, state.warmup_iters)  # every measured step compressed, buckets rebuilt
-    out: dict[str, list[float]] = {k: [] for k in PHASES}
+    out: dict[str, list[float]] = {k: [] for k in (*PHASES, "step_s")}
     try:
         step, total = 0, warmup + iters
         while step < total:
@@ -373,6 +377,7 @@ def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb
             if step > warmup:
                 for k, v in step_phases(clock, state.stats, False, t0, t1, t2, t2, t3, last_grad[0]).items():
                     out[k].append(v)
+                out["step_s"].append(clock.seconds(t0, t3))
     finally:
         close = getattr(state, "close", None)
         if close is not None:

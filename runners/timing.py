@@ -189,6 +189,12 @@ def estimate_offsets(group, world: int, rounds: int = 5, device: torch.device | 
     return [statistics.median(s[j] for s in samples) for j in range(world)]
 
 
+def slowest_rank_steps(per_rank: list[list[float]]) -> list[float]:
+    """Per step: the slowest rank's time (`per_rank[r][k]`: rank r's step k; steps all ranks have): a synchronous
+    job's step time, step by step."""
+    return [max(ts) for ts in zip(*per_rank, strict=False)]
+
+
 def lockstep_skew(per_rank: list[list[float]]) -> list[float]:
     """Per step: the slowest rank's time minus the median rank's (`per_rank[r][k]`: rank r's step k)."""
     return [max(ts) - statistics.median(ts) for ts in zip(*per_rank, strict=True)]

@@ -369,11 +369,11 @@ def _pack(forward, backward, encode, comm, decode, optimizer) -> dict:
 
 
 def _summary(job: Job, device, warmup: int, gathered: list, wire_if: str | None) -> dict:
+    from runners.timing import slowest_rank_steps
 
     args, state, world = job.args, job.state, job.env.world_size
-    n_iters = min(len(g["iter_time_s"]) for g in gathered)
-    # the step time of the job is the slowest rank's, iteration by iteration
-    step_times = [max(g["iter_time_s"][i] for g in gathered) for i in range(n_iters)]
+    step_times = slowest_rank_steps([g["iter_time_s"] for g in gathered])  # the job's step: the slowest rank's
+    n_iters = len(step_times)
     mean_it = statistics.fmean(step_times)
     config = dataclasses.asdict(args)
     config["compressor_options"] = state.options()

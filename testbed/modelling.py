@@ -169,8 +169,10 @@ def merge_lockstep(solo: dict, lockstep: dict) -> dict:
     callback CPU: co-located ranks share the cores, so a peer's decode lands beside this rank's backward too (4 ranks
     on 2 cores, Sign-SGD: backward 251 ms longer against 40 ms of its own callbacks' CPU beyond the exposed decode).
     Each bucket's solo encode / decode is scaled so that the totals are these. Compressors not measured in place
-    (CUDA) are scaled by the compute's slowdown. ``lockstep_comm_s``: the communication each compressor exposed in
-    place (a floor for the model at any rate). Payload bytes and rounds stay the solo profile's."""
+    (CUDA) are scaled by the compute's slowdown. Floors for the model at any rate (a link only adds to them):
+    ``lockstep_comm_s``, the communication each compressor exposed in place, and ``lockstep_step_s``, its whole step
+    in place (the slowest rank's, median over steps: a trial's iteration time on an unshaped link). Payload bytes and
+    rounds stay the solo profile's."""
     ready = {int(k): float(v) for k, v in lockstep["ready_at_s"].items()}
     if set(ready) != {b["index"] for b in solo["buckets"]}:
         raise TestbedError(f"the co-located profile of {solo['model']} found other DDP buckets than the solo one")
@@ -198,6 +200,8 @@ def merge_lockstep(solo: dict, lockstep: dict) -> dict:
             enc_k = in_place["encode_s"] / enc_total if enc_total > 0 else 1.0
             dec_k = (in_place["decode_s"] + lengthened) / dec_total if dec_total > 0 else 1.0
         floor = {} if in_place is None else {"lockstep_comm_s": float(in_place["comm_s"])}
+        if in_place is not None and "step_s" in in_place:
+            floor["lockstep_step_s"] = float(in_place["step_s"])
         merged["compressors"][name] = {
             **comp,
             **floor,
@@ -380,6 +384,8 @@ def prediction(
             "assumed": list(prof.compressor(n).assumed),
             # the exposed communication measured in place with the ranks in lockstep: a floor at this world size
             "comm_floor_s": prof.compressor(n).lockstep_comm_s if prof.colocated_ranks == world_size > 1 else None,
+            # and the whole step it took there: no rate makes a step shorter
+            "step_floor_s": prof.compressor(n).lockstep_step_s if prof.colocated_ranks == world_size > 1 else None,
             "crossover": None
             if n == baseline
             else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps, "wins_below": cx.wins_below},

@@ -41,7 +41,11 @@ The model (docs/performance-model.md has the derivation and where it breaks):
    communication it exposed when the ranks trained with the compressor in lockstep on loopback
    (`CompressorProfile.lockstep_comm_s`), since a slower link only adds to it: ranks time-sharing cores wait at every
    collective for the ones still computing, more than the skew of their compute alone (4 ranks on 2 cores, cnn:
-   20-26 ms exposed in place against 4 ms for the same collectives idle and 7-9 ms compute skew).
+   20-26 ms exposed in place against 4 ms for the same collectives idle and 7-9 ms compute skew); and a step takes
+   at least the whole step it took there (`CompressorProfile.lockstep_step_s`, the slowest rank's, median over
+   steps): what the composition of medians leaves out there (a peer's decode or encode landing in this rank's
+   forward, the phases' correlation) stays in (4 ranks on 2 cores, resnet18, Sign-SGD: trial 1.67 s, in place
+   1.63 s, the composition of the profile's medians 1.58 s).
 """
 
 from __future__ import annotations
@@ -98,6 +102,8 @@ class CompressorProfile:
     # co-located profiles: the communication a step exposed (waits at the collectives with no codec work) while the
     # co-located ranks trained with this compressor in lockstep on loopback; a floor for any link (None: not measured)
     lockstep_comm_s: float | None = None
+    # and the whole step it took there (the slowest rank's, median over steps), a floor for any link
+    lockstep_step_s: float | None = None
 
     @property
     def payload_bytes(self) -> int:
@@ -321,10 +327,11 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             missing = {b.index for b in buckets} - {b.index for b in cb}
             if missing:
                 raise InputError(f"{where}: no entry for bucket(s) {sorted(missing)}; expected one per DDP bucket")
-            floor = c.get("lockstep_comm_s")
+            floor, step_floor = c.get("lockstep_comm_s"), c.get("lockstep_step_s")
             comps[name] = CompressorProfile(name, collective, rounds, cb, dict(c.get("options") or {}),
                                             tuple(str(a) for a in c.get("assumed") or ()),
-                                            None if floor is None else max(0.0, float(floor)))  # fmt: skip
+                                            None if floor is None else max(0.0, float(floor)),
+                                            None if step_floor is None else max(0.0, float(step_floor)))  # fmt: skip
         return Profile(
             model=str(_req(d, "model", source)),
             batch_size=int(_req(d, "batch_size", source)),
@@ -437,7 +444,8 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
             replace(b, encode_s=med(p.compressors[name].buckets[i].encode_s for p in profiles),
                     decode_s=med(p.compressors[name].buckets[i].decode_s for p in profiles))
             for i, b in enumerate(c.buckets)),
-            lockstep_comm_s=med_or_none([p.compressors[name].lockstep_comm_s for p in profiles]))  # fmt: skip
+            lockstep_comm_s=med_or_none([p.compressors[name].lockstep_comm_s for p in profiles]),
+            lockstep_step_s=med_or_none([p.compressors[name].lockstep_step_s for p in profiles]))  # fmt: skip
         for name, c in first.compressors.items()
     }
     return replace(
@@ -605,10 +613,12 @@ def predict_iteration(
     blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
 
     straggler = slowest_rank_s(profile, net)
-    comm_floor = comp.lockstep_comm_s if comp.lockstep_comm_s is not None and profile.colocated_ranks == p > 1 else 0.0
+    in_lockstep = profile.colocated_ranks == p > 1
+    comm_floor = comp.lockstep_comm_s if comp.lockstep_comm_s is not None and in_lockstep else 0.0
+    step_floor = comp.lockstep_step_s if comp.lockstep_step_s is not None and in_lockstep else 0.0
 
     def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
-        iter_s = max(iter_s + straggler, f + bw + opt + enc + dec + comm_floor)
+        iter_s = max(iter_s + straggler, f + bw + opt + enc + dec + comm_floor, step_floor)
         return Prediction(
             compressor,
             p,
@@ -1040,6 +1050,7 @@ def profile_to_dict(profile: Profile) -> dict:
                 ],
                 **({"assumed": list(c.assumed)} if c.assumed else {}),
                 **({} if c.lockstep_comm_s is None else {"lockstep_comm_s": c.lockstep_comm_s}),
+                **({} if c.lockstep_step_s is None else {"lockstep_step_s": c.lockstep_step_s}),
             }
             for n, c in profile.compressors.items()
         },

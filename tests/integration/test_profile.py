@@ -35,6 +35,8 @@ def test_colocated_profile_measures_in_lockstep_and_leaves_nothing_running(testb
     assert data["lockstep_skew_s"] >= 0  # measured: the key is there only when the ranks ran together
     for name in ("syncsgd", "fp16", "topk"):  # each trained with by all 3 ranks: its exposed communication
         assert data["compressors"][name]["lockstep_comm_s"] >= 0, name
+        # and its whole step, the slowest rank's: at least the compute the ranks did in it
+        assert data["compressors"][name]["lockstep_step_s"] >= data["forward_s"], name
     assert data["compressors"]["topk"]["buckets"][0]["encode_s"] > 0
     stored = json.loads((out / "mlp-bs7-cpu-colocated3.json").read_text())
     assert stored["colocated_ranks"] == 3 and stored["lockstep_skew_s"] == data["lockstep_skew_s"]

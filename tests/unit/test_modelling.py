@@ -17,9 +17,10 @@ def solo() -> dict:
     return synthetic_profile_dict("resnet18", 32, forward_s=0.10, backward_s=0.20, optimizer_s=0.02, codecs=CODECS)
 
 
-def in_place(backward_s, encode_s, decode_s, comm_s) -> dict:
-    return {"forward_s": 0.12, "backward_s": backward_s, "encode_s": encode_s, "comm_s": comm_s, "decode_s": decode_s,
-            "optimizer_s": 0.025}  # fmt: skip
+def in_place(backward_s, encode_s, decode_s, comm_s, step_s=None) -> dict:
+    phases = {"forward_s": 0.12, "backward_s": backward_s, "encode_s": encode_s, "comm_s": comm_s,
+              "decode_s": decode_s, "optimizer_s": 0.025}  # fmt: skip
+    return {**phases, "step_s": sum(phases.values()) if step_s is None else step_s}
 
 
 def lockstep(**codecs) -> dict:
@@ -50,6 +51,7 @@ def test_codecs_take_their_in_place_cost_decode_plus_what_it_lengthened_backward
     buckets = merged["compressors"]["signsgd"]["buckets"]
     assert buckets[0]["decode_s"] == pytest.approx(buckets[1]["decode_s"])  # the solo split between buckets stays
     assert merged["compressors"]["signsgd"]["lockstep_comm_s"] == 0.040
+    assert merged["compressors"]["signsgd"]["lockstep_step_s"] == pytest.approx(0.12 + 0.37 + 0.10 + 0.07 + 0.04 + 0.025)
     assert merged["compressors"]["signsgd"]["buckets"][0]["payload_bytes"] == solo()["compressors"]["signsgd"][
         "buckets"][0]["payload_bytes"]  # fmt: skip
 
@@ -73,6 +75,7 @@ def test_compressors_not_measured_in_place_scale_by_the_compute_slowdown():
     enc, dec = totals(merged, "signsgd")
     assert enc == pytest.approx(0.080 * slowdown) and dec == pytest.approx(0.150 * slowdown)
     assert "lockstep_comm_s" not in merged["compressors"]["signsgd"]
+    assert "lockstep_step_s" not in merged["compressors"]["signsgd"]
 
 
 def test_other_buckets_than_the_solo_profile_are_refused():

@@ -313,12 +313,14 @@ def test_jitter_lengthens_every_multi_rank_iteration_by_the_same_straggler_term(
     assert profile_from_dict({**d, "compute_jitter_s": -1.0}).compute_jitter_s == 0.0
 
 
-def co_located(world: int, *, skew_s=None, floors=None) -> dict:
+def co_located(world: int, *, skew_s=None, floors=None, step_floors=None) -> dict:
     d = {**synthetic_profile_dict(), "colocated_ranks": world}
     if skew_s is not None:
         d["lockstep_skew_s"] = skew_s
     for name, floor in (floors or {}).items():
         d["compressors"][name]["lockstep_comm_s"] = floor
+    for name, floor in (step_floors or {}).items():
+        d["compressors"][name]["lockstep_step_s"] = floor
     return d
 
 
@@ -350,14 +352,29 @@ def test_the_in_place_communication_is_a_floor_at_its_world_size_only():
         pytest.approx(predict_iteration(profile_from_dict(co_located(4)), "topk", two).iter_time_s))
 
 
+def test_the_in_place_step_is_a_floor_at_its_world_size_only():
+    fast = Network(world_size=4, bandwidth_bps=100e9)
+    plain = predict_iteration(profile_from_dict(co_located(4)), "signsgd", fast)
+    floor = plain.iter_time_s * 1.2  # the ranks took longer in place than the composition of the profile's medians
+    floored = profile_from_dict(co_located(4, step_floors={"signsgd": floor}))
+    assert predict_iteration(floored, "signsgd", fast).iter_time_s == pytest.approx(floor)
+    slow = Network(world_size=4, bandwidth_bps=10e6)  # the link costs more than the floor: the floor is moot
+    unfloored = predict_iteration(profile_from_dict(co_located(4)), "signsgd", slow).iter_time_s
+    assert predict_iteration(floored, "signsgd", slow).iter_time_s == pytest.approx(unfloored) and unfloored > floor
+    two = Network(world_size=2, bandwidth_bps=100e9)  # measured with 4 co-located ranks: not a floor for 2
+    unfloored = predict_iteration(profile_from_dict(co_located(4)), "signsgd", two).iter_time_s
+    assert predict_iteration(floored, "signsgd", two).iter_time_s == pytest.approx(unfloored) and unfloored < floor
+
+
 def test_lockstep_terms_survive_storing_and_pooling():
-    a = profile_from_dict(co_located(2, skew_s=0.002, floors={"topk": 0.010}))
-    b = profile_from_dict(co_located(2, skew_s=0.004, floors={"topk": 0.030}))
-    c = profile_from_dict(co_located(2, skew_s=0.009, floors={"topk": 0.020}))
+    a = profile_from_dict(co_located(2, skew_s=0.002, floors={"topk": 0.010}, step_floors={"topk": 0.5}))
+    b = profile_from_dict(co_located(2, skew_s=0.004, floors={"topk": 0.030}, step_floors={"topk": 0.7}))
+    c = profile_from_dict(co_located(2, skew_s=0.009, floors={"topk": 0.020}, step_floors={"topk": 0.6}))
     assert profile_from_dict(profile_to_dict(a)) == a
     pooled = pool_profiles([a, b, c])
     assert pooled.lockstep_skew_s == pytest.approx(0.004)
     assert pooled.compressors["topk"].lockstep_comm_s == pytest.approx(0.020)
+    assert pooled.compressors["topk"].lockstep_step_s == pytest.approx(0.6)
     assert pool_profiles([a, profile_from_dict(co_located(2))]).lockstep_skew_s is None  # not measured in one
 
 

@@ -114,6 +114,13 @@ def test_lockstep_skew_is_the_slowest_rank_minus_the_median_per_step():
     assert lockstep_skew(per_rank) == pytest.approx([0.030, 0.005])
 
 
+def test_a_jobs_step_is_the_slowest_ranks_step_by_step():
+    from runners.timing import slowest_rank_steps
+
+    per_rank = [[0.100, 0.105, 0.300], [0.100, 0.100], [0.130, 0.100]]  # rank 0 measured a step more
+    assert slowest_rank_steps(per_rank) == pytest.approx([0.130, 0.105])  # only the steps every rank has
+
+
 def test_profiles_measure_at_least_two_seconds_of_short_steps():
     from runners.profile import MAX_MEASURED_STEPS, measured_steps
 
