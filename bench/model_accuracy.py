@@ -5,8 +5,9 @@ For each host count n: `testbed up`, `testbed calibrate` (at each rate of --cali
 sweep` over rates x compressors x models. The profiles of the repetitions are pooled (median of every timing), and
 `testbed report` holds each configuration's median trial against them, with the calibration. Repeating both in turn
 keeps the shared machine's drift over the run (tens of ms on a 0.4 s step) off the comparison. Prints, as Markdown:
-the calibration, the profile per repetition, the crossover table (measured / predicted, ratio, verdict) and the
-prediction error (median and worst per compressor, then every configuration).
+the calibration, the profile per repetition, the crossover table (measured / predicted, ratio, verdict), the
+prediction error (median and worst per compressor, then every configuration) and whether the trials were steady (their
+first two measured steps against their last two).
 
     python bench/model_accuracy.py                    # full: resnet18 + cnn, 2 and 4 hosts, 100mbit..unshaped,
                                                       # every compressor (hours: run it on a quiet machine)
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,6 +82,26 @@ def pool_repeats(rep_dirs: list[Path], out: Path) -> str:
     return "profiles pooled over the repetitions:\n\n" + md(pd.DataFrame(rows))
 
 
+def warmup_trend(results: Path) -> str:
+    """Per model, world size and compressor: the median over trials of the first two measured steps against the last
+    two (each step the slowest rank's). Near 1.00 the trials measured a steady state; above it they still warmed up
+    (raise --warmup-iters)."""
+    from runners.timing import slowest_rank_steps
+
+    trend: dict[tuple, list[float]] = {}
+    for summary in sorted(results.glob("trials/*/summary.json")):
+        s = json.loads(summary.read_text())
+        per_rank = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
+                    for f in sorted(summary.parent.glob("rank*.jsonl"))]  # fmt: skip
+        steps = slowest_rank_steps(per_rank)
+        if len(steps) >= 4:
+            key = (s["config"]["model"], s["env"]["world_size"], s["config"]["compressor"])
+            trend.setdefault(key, []).append(sum(steps[:2]) / sum(steps[-2:]))
+    rows = [{"model": m, "world_size": n, "compressor": c, "first two / last two measured steps (median)":
+             f"{statistics.median(v):.2f}", "trials": len(v)} for (m, n, c), v in sorted(trend.items())]  # fmt: skip
+    return md(pd.DataFrame(rows)) if rows else "(no trial with 4 or more measured steps)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a subset (see the module docstring)")
@@ -90,6 +112,9 @@ def main() -> int:
     ap.add_argument("--iters", type=int, help="measured iterations per trial")
     ap.add_argument("--repeats", type=int, help="times each trial runs, each time after a fresh profile (the "
                     "report holds the median of a configuration's trials against the pooled profile)")
+    ap.add_argument("--warmup-iters", type=int, default=5,
+                    help="unmeasured steps per trial (default: %(default)s, as `testbed run`; at 4 ranks on 2 cores "
+                    "Sign-SGD, Top-K and PowerSGD are still 14-45 %% slower in steps 3-4 than in steps 7-8)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--calibrate-bw", default="1gbit,none",
                     help="shapings to calibrate at, comma-separated; the model interpolates between them by rate "
@@ -139,7 +164,8 @@ def main() -> int:
                 for m in models:
                     testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
                             "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
-                            "--warmup-iters", "2", "--seed", str(rep), "--out", str(results), "--yes")  # fmt: skip
+                            "--warmup-iters", str(args.warmup_iters), "--seed", str(rep), "--out", str(results),
+                            "--yes")  # fmt: skip
             print(pool_repeats(sorted(profiles.glob(f"{n}hosts-rep*")), profiles))
     finally:
         subprocess.run([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO, capture_output=True)
@@ -160,6 +186,8 @@ def main() -> int:
         print(f"all configurations: median |error| {err['abs_error_pct'].median():.1f} %, "
               f"worst {err['abs_error_pct'].max():.1f} %\n")  # fmt: skip
         print(md(err.drop(columns=["trial_id", "abs_error_pct"]).round(1)))
+    print("\n## Warm-up: were the trials steady?\n")
+    print(warmup_trend(results))
     for note in report["notes"]:
         print(f"- note: {note}")
     print(f"\nreport: {report['html']}")
