@@ -153,6 +153,9 @@ def main() -> int:
                       f"latency step, +{f['contention_s_per_wire_byte'] * 1e9:.3g} ns per wire byte; lockstep skew "
                       f"{cal['lockstep']['median_skew_s'] * 1e3:.3g} ms\n")  # fmt: skip
             threads = max(1, cores // n)
+            # the swept compressors only (resnet50 in lockstep: minutes each), with sync SGD: the baseline, and its
+            # in-place backward is what a codec's lengthening is measured against (testbed.modelling.merge_lockstep)
+            profiled = ",".join(dict.fromkeys(["syncsgd", *compressors.split(",")]))
             # profile, then every trial once; again: the drift lands on both alike. Each repetition's trials have
             # their own seed (their own trial ids: a sweep skips what is stored); the report pools them per setting
             for rep in range(repeats):
@@ -160,7 +163,8 @@ def main() -> int:
                 rep_dir.mkdir(exist_ok=True)
                 for m in models:
                     testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
-                            "--colocated", str(n), "--out", str(rep_dir), "--iters", str(max(10, iters)))  # fmt: skip
+                            "--colocated", str(n), "--out", str(rep_dir), "--iters", str(max(10, iters)),
+                            "--compressors", profiled)  # fmt: skip
                 for m in models:
                     testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
                             "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
