@@ -195,6 +195,14 @@ def slowest_rank_steps(per_rank: list[list[float]]) -> list[float]:
     return [max(ts) for ts in zip(*per_rank, strict=False)]
 
 
+def settle_ratio(steps: list[float]) -> float | None:
+    """The first two steps' time over the last two's: about 1 when the steps measured a steady state, above it when
+    they were still warming up (a trial's measured steps; None for fewer than 4)."""
+    if len(steps) < 4 or sum(steps[-2:]) <= 0:
+        return None
+    return sum(steps[:2]) / sum(steps[-2:])
+
+
 def lockstep_skew(per_rank: list[list[float]]) -> list[float]:
     """Per step: the slowest rank's time minus the median rank's (`per_rank[r][k]`: rank r's step k)."""
     return [max(ts) - statistics.median(ts) for ts in zip(*per_rank, strict=True)]

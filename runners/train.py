@@ -369,7 +369,7 @@ def _pack(forward, backward, encode, comm, decode, optimizer) -> dict:
 
 
 def _summary(job: Job, device, warmup: int, gathered: list, wire_if: str | None) -> dict:
-    from runners.timing import slowest_rank_steps
+    from runners.timing import settle_ratio, slowest_rank_steps
 
     args, state, world = job.args, job.state, job.env.world_size
     step_times = slowest_rank_steps([g["iter_time_s"] for g in gathered])  # the job's step: the slowest rank's
@@ -394,6 +394,7 @@ def _summary(job: Job, device, warmup: int, gathered: list, wire_if: str | None)
         "iter_time_s_p5": percentile(step_times, 0.05),
         "iter_time_s_p50": percentile(step_times, 0.5),
         "iter_time_s_p95": percentile(step_times, 0.95),
+        "settle_ratio": settle_ratio(step_times),  # first two measured steps over the last two: ~1 when steady
         "samples_per_s": world * args.batch_size / mean_it,
         **{k: _mean([g[k] for g in gathered]) for k in PHASES},
         "payload_bytes_per_iter": _mean([g["payload_bytes"] for g in gathered]),

@@ -244,4 +244,5 @@ def metrics_from_summary(path: Path) -> dict[str, Any]:
     out.update({k: env.get(k) for k in SUMMARY_ENV_KEYS if k != "backend"})
     out["dist_backend"] = env.get("backend")
     out["warmup_iters"] = summary.get("warmup_iters_used", summary.get("config", {}).get("warmup_iters"))
+    out["settle_ratio"] = summary.get("settle_ratio")  # not in a summary of an older runner
     return out

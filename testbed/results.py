@@ -84,6 +84,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "iter_time_s_p5": pa.float64(),
     "iter_time_s_p50": pa.float64(),
     "iter_time_s_p95": pa.float64(),
+    "settle_ratio": pa.float64(),  # first two measured steps over the last two (~1: steady; null: < 4 steps)
     "samples_per_s": pa.float64(),
     "forward_s": pa.float64(),
     "backward_s": pa.float64(),

@@ -306,6 +306,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if row["status"] == "ok" else 1
 
 
+UNSTEADY_RATIO = 1.10  # a trial whose first two measured steps took this much longer than its last two
+
+
+def unsteady_note(row: dict[str, Any]) -> str | None:
+    """A one-line warning when the trial's steps were still getting faster while measured (`settle_ratio`), else
+    None: its mean and p50 overstate the steady step (4 ranks on 2 cores, Sign-SGD after 2 warm-up steps: 1.43x)."""
+    ratio = row.get("settle_ratio")
+    if row.get("status") != "ok" or ratio is None or ratio <= UNSTEADY_RATIO:
+        return None
+    return (f"warning: trial {row['trial_id']} was still warming up: its first two measured steps took "
+            f"{ratio:.2f}x its last two; measure it again with a larger --warmup-iters (was {row['warmup_iters']})")
+
+
 def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any] | None) -> None:
     if row["status"] != "ok":
         console.print(f"[red]trial {row['trial_id']} {row['status']}[/]: {row['error']}", markup=True)
@@ -335,6 +348,9 @@ def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any
     elif trial.compressor != "syncsgd":
         table.add_row("speedup over syncsgd", "no matching syncsgd trial stored")
     console.print(table)
+    note = unsteady_note(row)
+    if note:
+        console.print(f"[yellow]{note}[/]", markup=True)
 
 
 # ---------------------------------------------------------------------------------------------------- sweep
@@ -464,6 +480,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 progress.console.print(f"[red]{row['status']}[/] {trial.label()}: {row['error']}")
                 if args.fail_fast:
                     break
+            elif note := unsteady_note(row):
+                progress.console.print(f"[yellow]{note}[/] ({trial.label()})", markup=True)
             progress.advance(task)
     console.print(f"sweep finished: {len(todo) - failed} ok, {failed} failed; results in {store.root}")
     return 1 if failed else 0

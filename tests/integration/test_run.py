@@ -323,11 +323,17 @@ def test_two_hosts_two_ranks_each_count_only_inter_host_bytes(make_cluster, test
     share of the ring (two ranks of a host talk over lo inside their namespace)."""
     name = make_cluster(2)
     done = testbed_cli("run", "--name", name, "--bw", "1gbit", "--ranks-per-host", "2", "--model", "mlp",
-                       "--batch-size", "8", "--iters", "3", "--warmup-iters", "1", "--out", str(tmp_path / "res"),
+                       "--batch-size", "8", "--iters", "4", "--warmup-iters", "1", "--out", str(tmp_path / "res"),
                        "--json", timeout_s=300)  # fmt: skip
     assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
     row = json.loads(done.stdout)["row"]
     assert (row["host_count"], row["ranks_per_host"], row["world_size"], row["dist_backend"]) == (2, 2, 4, "gloo")
+    # whether the trial was steady: its first two measured steps over its last two, each the slowest rank's
+    records = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
+               for f in sorted((tmp_path / "res" / "trials" / row["trial_id"]).glob("rank*.jsonl"))]  # fmt: skip
+    steps = [max(ts) for ts in zip(*records, strict=True)]
+    assert len(records) == 4 and len(steps) == 4
+    assert row["settle_ratio"] == pytest.approx((steps[0] + steps[1]) / (steps[2] + steps[3]))
     d = row["payload_bytes_per_iter"]  # fp32 gradient bytes each rank all-reduces
     # ring all-reduce: every rank sends 2(n-1)/n d = 1.5 d to its right neighbour; of the four hops only 1->2 and
     # 3->0 leave a host, so a host's veth sends 1.5 d, while its two ranks together send 3 d.

@@ -2,6 +2,7 @@
 
 import os
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -129,3 +130,20 @@ def test_writability_checked_up_front(tmp_path):
     ResultsStore(tmp_path / "new").check_writable()
     assert not (tmp_path / "new").exists()  # the check creates nothing
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "res"]
+
+
+def test_a_trial_still_warming_up_is_flagged_and_a_row_without_the_ratio_still_loads(tmp_path):
+    from testbed.run_cli import unsteady_note
+
+    warming = row(settle_ratio=1.43, warmup_iters=2)
+    note = unsteady_note(warming)
+    assert note.startswith(f"warning: trial {TID} was still warming up") and "1.43x" in note
+    assert "--warmup-iters (was 2)" in note
+    assert unsteady_note(row(settle_ratio=1.05, warmup_iters=5)) is None  # steady within 10 %
+    assert unsteady_note(row()) is None  # fewer than 4 measured steps, or a row of an older testbed
+    assert unsteady_note(row("failed", settle_ratio=2.0, warmup_iters=5)) is None  # a failure says why itself
+    store = ResultsStore(tmp_path / "res")
+    store.append(row(settle_ratio=1.43))
+    store.append(row(trial_id="fedcba9876543210"))  # an older row: no settle_ratio
+    loaded = load_results(tmp_path / "res").set_index("trial_id")
+    assert loaded.loc[TID, "settle_ratio"] == 1.43 and pd.isna(loaded.loc["fedcba9876543210", "settle_ratio"])

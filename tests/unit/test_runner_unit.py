@@ -121,6 +121,14 @@ def test_a_jobs_step_is_the_slowest_ranks_step_by_step():
     assert slowest_rank_steps(per_rank) == pytest.approx([0.130, 0.105])  # only the steps every rank has
 
 
+def test_settle_ratio_is_the_first_two_steps_over_the_last_two():
+    from runners.timing import settle_ratio
+
+    assert settle_ratio([2.4, 2.5, 1.9, 1.6, 1.5, 1.4]) == pytest.approx(4.9 / 2.9)  # still warming up
+    assert settle_ratio([1.0, 1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert settle_ratio([1.0, 1.0, 1.0]) is None  # too few steps to tell
+
+
 def test_profiles_measure_at_least_two_seconds_of_short_steps():
     from runners.profile import MAX_MEASURED_STEPS, measured_steps
 
