@@ -86,17 +86,17 @@ def warmup_trend(results: Path) -> str:
     """Per model, world size and compressor: the median over trials of the first two measured steps against the last
     two (each step the slowest rank's). Near 1.00 the trials measured a steady state; above it they still warmed up
     (raise --warmup-iters)."""
-    from runners.timing import slowest_rank_steps
+    from runners.timing import settle_ratio, slowest_rank_steps
 
     trend: dict[tuple, list[float]] = {}
     for summary in sorted(results.glob("trials/*/summary.json")):
         s = json.loads(summary.read_text())
         per_rank = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
                     for f in sorted(summary.parent.glob("rank*.jsonl"))]  # fmt: skip
-        steps = slowest_rank_steps(per_rank)
-        if len(steps) >= 4:
+        ratio = settle_ratio(slowest_rank_steps(per_rank))  # as the row's settle_ratio (older rows lack it)
+        if ratio is not None:
             key = (s["config"]["model"], s["env"]["world_size"], s["config"]["compressor"])
-            trend.setdefault(key, []).append(sum(steps[:2]) / sum(steps[-2:]))
+            trend.setdefault(key, []).append(ratio)
     rows = [{"model": m, "world_size": n, "compressor": c, "first two / last two measured steps (median)":
              f"{statistics.median(v):.2f}", "trials": len(v)} for (m, n, c), v in sorted(trend.items())]  # fmt: skip
     return md(pd.DataFrame(rows)) if rows else "(no trial with 4 or more measured steps)"
