@@ -890,11 +890,12 @@ def summarize(
 
 # --------------------------------------------------------------------------------------------- what-if knobs
 def with_compute_speedup(profile: Profile, k: float) -> Profile:
-    """The same model on hardware whose forward, backward and optimizer run k times faster."""
+    """The same model on hardware whose forward, backward and optimizer run k times faster. The in-place step
+    floors go (`without_step_floors`): they are this machine's steps."""
     if not k > 0:
         raise InputError(f"compute speedup {k!r}: expected > 0")
     return replace(
-        profile,
+        without_step_floors(profile),
         forward_s=profile.forward_s / k,
         backward_s=profile.backward_s / k,
         optimizer_s=profile.optimizer_s / k,
@@ -904,14 +905,22 @@ def with_compute_speedup(profile: Profile, k: float) -> Profile:
 
 
 def with_codec_speedup(profile: Profile, k: float) -> Profile:
-    """Encode and decode of every compressor k times faster (better kernels, not a different algorithm)."""
+    """Encode and decode of every compressor k times faster (better kernels, not a different algorithm); the in-place
+    step floors go (`without_step_floors`)."""
     if not k > 0:
         raise InputError(f"codec speedup {k!r}: expected > 0")
     comps = {
-        name: replace(c, buckets=tuple(replace(b, encode_s=b.encode_s / k, decode_s=b.decode_s / k) for b in c.buckets))
+        name: replace(c, lockstep_step_s=None,
+                      buckets=tuple(replace(b, encode_s=b.encode_s / k, decode_s=b.decode_s / k) for b in c.buckets))
         for name, c in profile.compressors.items()
-    }
+    }  # fmt: skip
     return replace(profile, compressors=comps)
+
+
+def without_step_floors(profile: Profile) -> Profile:
+    """The profile without its compressors' in-place steps (`CompressorProfile.lockstep_step_s`): a measured step of
+    this machine bounds a prediction for this machine only, not one with faster compute or codecs."""
+    return replace(profile, compressors={n: replace(c, lockstep_step_s=None) for n, c in profile.compressors.items()})
 
 
 def serialized(profile: Profile) -> Profile:
