@@ -91,9 +91,11 @@ def warmup_trend(results: Path) -> str:
     trend: dict[tuple, list[float]] = {}
     for summary in sorted(results.glob("trials/*/summary.json")):
         s = json.loads(summary.read_text())
-        per_rank = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
-                    for f in sorted(summary.parent.glob("rank*.jsonl"))]  # fmt: skip
-        ratio = settle_ratio(slowest_rank_steps(per_rank))  # as the row's settle_ratio (older rows lack it)
+        ratio = s.get("settle_ratio")  # the runner's own; a summary of an older runner lacks it: from the steps
+        if "settle_ratio" not in s:
+            per_rank = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
+                        for f in sorted(summary.parent.glob("rank*.jsonl"))]  # fmt: skip
+            ratio = settle_ratio(slowest_rank_steps(per_rank))
         if ratio is not None:
             key = (s["config"]["model"], s["env"]["world_size"], s["config"]["compressor"])
             trend.setdefault(key, []).append(ratio)

@@ -378,6 +378,8 @@ def prediction(
         cx = s.crossover
         out["compressors"][n] = {
             "iter_time_s": [p.iter_time_s for p in curves[n]],
+            # the composition of the profile's phases before the in-place floors below (iter_time_s: the larger)
+            "composed_s": [p.composed_s for p in curves[n]],
             "speedup": [b.iter_time_s / p.iter_time_s for b, p in zip(base, curves[n], strict=True)],
             "max_speedup": s.max_speedup,
             "max_speedup_at_bps": s.at_bps,

@@ -237,6 +237,9 @@ class Prediction:
     hook_blocks_backward: bool
     timeline: tuple[BucketTimeline, ...] = ()
     straggler_s: float = 0.0  # the slowest of world_size ranks beyond the typical one (included in iter_time_s)
+    # the composition of the profile's phases (with straggler_s) before the in-place floors; iter_time_s is the larger
+    # of it and the floors (`CompressorProfile.lockstep_comm_s`, `lockstep_step_s`). None: built without one.
+    composed_s: float | None = None
 
     @property
     def compute_s(self) -> float:
@@ -618,7 +621,8 @@ def predict_iteration(
     step_floor = comp.lockstep_step_s if comp.lockstep_step_s is not None and in_lockstep else 0.0
 
     def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
-        iter_s = max(iter_s + straggler, f + bw + opt + enc + dec + comm_floor, step_floor)
+        composed = iter_s + straggler
+        iter_s = max(composed, f + bw + opt + enc + dec + comm_floor, step_floor)
         return Prediction(
             compressor,
             p,
@@ -634,6 +638,7 @@ def predict_iteration(
             blocks,
             tl,
             straggler,
+            composed,
         )
 
     if p == 1:
@@ -890,37 +895,41 @@ def summarize(
 
 # --------------------------------------------------------------------------------------------- what-if knobs
 def with_compute_speedup(profile: Profile, k: float) -> Profile:
-    """The same model on hardware whose forward, backward and optimizer run k times faster. The in-place step
-    floors go (`without_step_floors`): they are this machine's steps."""
+    """The same model on hardware whose forward, backward and optimizer run k times faster. The in-place floors go
+    (`without_lockstep_floors`): they are this machine's steps; the measured lockstep skew, a spread of compute like
+    the jitter, shrinks with it."""
     if not k > 0:
         raise InputError(f"compute speedup {k!r}: expected > 0")
     return replace(
-        without_step_floors(profile),
+        without_lockstep_floors(profile),
         forward_s=profile.forward_s / k,
         backward_s=profile.backward_s / k,
         optimizer_s=profile.optimizer_s / k,
         compute_jitter_s=profile.compute_jitter_s / k,
+        lockstep_skew_s=None if profile.lockstep_skew_s is None else profile.lockstep_skew_s / k,
         buckets=tuple(replace(b, ready_at_s=b.ready_at_s / k) for b in profile.buckets),
     )
 
 
 def with_codec_speedup(profile: Profile, k: float) -> Profile:
     """Encode and decode of every compressor k times faster (better kernels, not a different algorithm); the in-place
-    step floors go (`without_step_floors`)."""
+    floors go (`without_lockstep_floors`)."""
     if not k > 0:
         raise InputError(f"codec speedup {k!r}: expected > 0")
     comps = {
-        name: replace(c, lockstep_step_s=None,
-                      buckets=tuple(replace(b, encode_s=b.encode_s / k, decode_s=b.decode_s / k) for b in c.buckets))
-        for name, c in profile.compressors.items()
-    }  # fmt: skip
+        name: replace(c, buckets=tuple(replace(b, encode_s=b.encode_s / k, decode_s=b.decode_s / k) for b in c.buckets))
+        for name, c in without_lockstep_floors(profile).compressors.items()
+    }
     return replace(profile, compressors=comps)
 
 
-def without_step_floors(profile: Profile) -> Profile:
-    """The profile without its compressors' in-place steps (`CompressorProfile.lockstep_step_s`): a measured step of
-    this machine bounds a prediction for this machine only, not one with faster compute or codecs."""
-    return replace(profile, compressors={n: replace(c, lockstep_step_s=None) for n, c in profile.compressors.items()})
+def without_lockstep_floors(profile: Profile) -> Profile:
+    """The profile without its compressors' in-place floors (`CompressorProfile.lockstep_comm_s` and
+    `lockstep_step_s`): what ranks time-sharing this machine's cores exposed and took bounds a prediction for this
+    machine only, not one with faster compute or codecs (part of the exposed communication there is waiting for a
+    peer's compute or codec)."""
+    comps = {n: replace(c, lockstep_comm_s=None, lockstep_step_s=None) for n, c in profile.compressors.items()}
+    return replace(profile, compressors=comps)
 
 
 def serialized(profile: Profile) -> Profile:

@@ -89,6 +89,9 @@ def test_predict_json_matches_model(profile_file, capsys):
     expect = pm.predict_iteration(prof, "powersgd", pm.Network(4, 1e7, 50e-6, 0.9), hook_blocks_backward=True)
     expect = expect.iter_time_s
     assert data["compressors"]["powersgd"]["iter_time_s"][0] == pytest.approx(expect)
+    # no co-located floor in this profile: the composition is the prediction
+    powersgd = data["compressors"]["powersgd"]
+    assert powersgd["composed_s"] == pytest.approx(powersgd["iter_time_s"])
     assert data["compressors"]["syncsgd"]["crossover"] is None  # the baseline has no crossover with itself
     assert data["compressors"]["fp16"]["speedup"][0] == pytest.approx(2.0, rel=0.01)
     assert set(data["compressors"]) == set(pm.COMPRESSORS)

@@ -364,9 +364,22 @@ def test_the_in_place_step_is_a_floor_at_its_world_size_only():
     two = Network(world_size=2, bandwidth_bps=100e9)  # measured with 4 co-located ranks: not a floor for 2
     unfloored = predict_iteration(profile_from_dict(co_located(4)), "signsgd", two).iter_time_s
     assert predict_iteration(floored, "signsgd", two).iter_time_s == pytest.approx(unfloored) and unfloored < floor
+    floored_at_4 = predict_iteration(floored, "signsgd", fast)  # the composition stays visible beside the floor
+    assert floored_at_4.composed_s == pytest.approx(plain.iter_time_s) and plain.composed_s == plain.iter_time_s
     # what-if hardware: this machine's measured step bounds nothing there
     for faster in (with_compute_speedup(floored, 2.0), with_codec_speedup(floored, 2.0)):
         assert predict_iteration(faster, "signsgd", fast).iter_time_s < plain.iter_time_s
+
+
+def test_what_if_speedups_drop_the_in_place_communication_floor_and_scale_the_skew():
+    fast = Network(world_size=4, bandwidth_bps=100e9)
+    floored = profile_from_dict(co_located(4, skew_s=0.030, floors={"topk": 10.0}))  # the floor decides here
+    assert predict_iteration(floored, "topk", fast).iter_time_s > 10.0
+    for faster in (with_compute_speedup(floored, 2.0), with_codec_speedup(floored, 2.0)):
+        assert predict_iteration(faster, "topk", fast).iter_time_s < 10.0  # this machine's wait bounds nothing there
+    assert with_compute_speedup(floored, 2.0).lockstep_skew_s == pytest.approx(0.015)
+    assert with_codec_speedup(floored, 2.0).lockstep_skew_s == pytest.approx(0.030)  # compute unchanged
+    assert predict_iteration(with_compute_speedup(floored, 2.0), "syncsgd", fast).straggler_s == pytest.approx(0.015)
 
 
 def test_lockstep_terms_survive_storing_and_pooling():
