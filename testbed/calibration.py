@@ -40,7 +40,7 @@ from typing import Any
 
 from shaping.units import format_rate
 from testbed import perfmodel as pm
-from testbed.errors import InputError
+from testbed.errors import InputError, why_not_a_file
 
 CALIBRATION_SCHEMA = "testbed.calibration/1"
 COLLBENCH_SCHEMA = "testbed.collbench/1"  # what runners.collbench writes (runners.contract.COLLBENCH_SCHEMA)
@@ -413,7 +413,7 @@ def calibration_filename(cluster: str, backend: str, world_size: int, rate_bps: 
 def load_calibration(path: str | Path) -> Calibration:
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"calibration {path}: no such file; expected a JSON file written by `testbed calibrate`")
+        raise InputError(f"calibration {path}: {why_not_a_file(path)}; expected a JSON file written by `testbed calibrate`")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -8,6 +8,8 @@ shaping/ is also the host-side tool and imports nothing of testbed/; it is re-ex
 Every other `TestbedError` is a failure while doing the work (exit 1) and is raised after rolling back.
 """
 
+from pathlib import Path
+
 from shaping.errors import InputError, PermissionDenied, ShapingError, TestbedError
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "ProbeError",
     "ShapingError",
     "TestbedError",
+    "why_not_a_file",
 ]
 
 
@@ -31,3 +34,8 @@ class ProbeError(TestbedError):
 
 class LaunchError(TestbedError):
     """Starting, watching or collecting ranks failed."""
+
+
+def why_not_a_file(path: str | Path) -> str:
+    """What an input error says about a path that should be a readable file and is not."""
+    return "a directory, not a file" if Path(path).is_dir() else "no such file"

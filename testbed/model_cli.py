@@ -19,7 +19,7 @@ from rich.table import Table
 from testbed import calibration as cal
 from testbed import modelling
 from testbed import perfmodel as pm
-from testbed.errors import InputError
+from testbed.errors import InputError, why_not_a_file
 
 DEFAULT_PROFILES_DIR = "profiles"
 DEFAULT_BW_RANGE = "10mbit..10gbit"
@@ -445,7 +445,7 @@ def _given_efficiency(args: argparse.Namespace) -> float | None:
 def _check_calibration_flag(args: argparse.Namespace) -> None:
     if args.calibration not in ("auto", "none") and not Path(args.calibration).is_file():
         raise InputError(
-            f"--calibration {args.calibration}: no such file; expected a JSON of `testbed calibrate`, auto or none"
+            f"--calibration {args.calibration}: {why_not_a_file(args.calibration)}; expected a JSON file of `testbed calibrate`, auto or none"
         )
 
 

@@ -59,7 +59,7 @@ from statistics import NormalDist, median
 from typing import Any
 
 from shaping.units import format_rate
-from testbed.errors import InputError
+from testbed.errors import InputError, why_not_a_file
 
 PROFILE_SCHEMA = "testbed.profile/1"
 COMPRESSORS = ("syncsgd", "fp16", "bf16", "powersgd", "acpsgd", "signsgd", "topk", "mstopk")
@@ -362,7 +362,7 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"profile {path}: no such file; expected a JSON file written by `testbed profile`")
+        raise InputError(f"profile {path}: {why_not_a_file(path)}; expected a JSON file written by `testbed profile`")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -208,6 +208,8 @@ def test_report_command(tmp_path, profile_file, capsys):
         (["predict", "--latency", "5 parsecs"], "--latency"),
         (["predict"], "needs --model NAME"),
         (["predict", "--profile", "/nonexistent/p.json"], "no such file"),
+        (["predict", "--profile", "/"], "a directory, not a file"),
+        (["predict", "--calibration", "/"], "a directory, not a file"),
         (["report", "/nonexistent/results"], "does not exist"),
     ],
 )
