@@ -413,7 +413,9 @@ def calibration_filename(cluster: str, backend: str, world_size: int, rate_bps: 
 def load_calibration(path: str | Path) -> Calibration:
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"calibration {path}: {why_not_a_file(path)}; expected a JSON file written by `testbed calibrate`")
+        raise InputError(
+            f"calibration {path}: {why_not_a_file(path)}; expected a JSON file written by `testbed calibrate`"
+        )
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

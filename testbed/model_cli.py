@@ -445,7 +445,8 @@ def _given_efficiency(args: argparse.Namespace) -> float | None:
 def _check_calibration_flag(args: argparse.Namespace) -> None:
     if args.calibration not in ("auto", "none") and not Path(args.calibration).is_file():
         raise InputError(
-            f"--calibration {args.calibration}: {why_not_a_file(args.calibration)}; expected a JSON file of `testbed calibrate`, auto or none"
+            f"--calibration {args.calibration}: {why_not_a_file(args.calibration)}; "
+            "expected a JSON file of `testbed calibrate`, auto or none"
         )
 
 

@@ -362,7 +362,9 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
 def load_profile(path: str | Path) -> Profile:
     path = Path(path)
     if not path.is_file():
-        raise InputError(f"profile {path}: {why_not_a_file(path)}; expected a JSON file written by `testbed profile`")
+        raise InputError(
+            f"profile {path}: {why_not_a_file(path)}; expected a JSON file written by `testbed profile`"
+        )
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
