@@ -44,7 +44,8 @@ lint: venv
 bench: sysdeps venv
 	$(BIN)/python bench/shaping_accuracy.py
 
-# GPU check (bench/gpu_check.py): NCCL over sockets between 2 emulated hosts on this machine's GPU(s). Runs with the
+# GPU check (bench/gpu_check.py): NCCL over sockets between 2 emulated hosts on this machine's GPU(s), then the model
+# calibrated (NCCL), profiled (GPU) and predicted against those trials. Runs with the
 # machine's own python3 and torch (no venv: GPU machines bring their CUDA build); prints "no CUDA device: skipped"
 # where there is none. `make gpu-wheels` first, on a machine with a package registry, for a GPU machine without one.
 GPU_PYTHON ?= python3

@@ -5,8 +5,11 @@
 
 Runs the product's own path: `LocalCluster.up(..., gpus=...)` (one network namespace per emulated host, its GPU(s),
 its own NCCL host id), `testbed.launch.run_trial` (tc shaping, iperf3 probe, the launch plan, NCCL over sockets on the
-shaped veth) for syncsgd and powersgd (rank 4) at each rate, and an NCCL all-reduce bus bandwidth at each rate. Prints
-Markdown tables for docs/benchmarks.md.
+shaped veth) for syncsgd and powersgd (rank 4) at each rate, and an NCCL all-reduce bus bandwidth at each rate. Then
+the performance model on the same cluster (`--no-model` leaves it out): `testbed calibrate` at each rate with the
+trials' backend (on NCCL its contention probe runs a CNN on the GPU beside the collective: the SMs and copy engines
+NCCL takes), a profile of the model on this machine's device (in lockstep when emulated hosts share a GPU), and the
+report's predicted against measured iteration time per trial. Prints Markdown tables for docs/benchmarks.md.
 
 Made for a bare GPU machine: its python3 brings torch (and pandas, pyarrow, psutil, rich); pure-Python wheels the
 controller needs that are missing there (pyroute2) travel in .gpu-wheels/ (`make gpu-wheels`) and are put on sys.path
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,6 +152,58 @@ def nccl_busbw(cluster, rate_bps: int | None, size_bytes: int = 256 * 2**20, rep
     return json.loads(lines[-1])["busbw_bps"]
 
 
+def calibrate_at_rates(
+    cluster, rates: list[int | None], profiles: Path, backend: str, sizes: str, reps: int
+) -> list[str]:
+    """`testbed calibrate` at each trial rate (None: unshaped), the trials' backend and placement; a line each."""
+    from shaping.plan import LinkShape
+    from shaping.units import format_rate
+    from testbed.calibrate import run_calibration
+    from testbed.model_cli import calibration_summary, parse_sizes
+
+    lines = []
+    for rate in rates:
+        c, _ = run_calibration(cluster, profiles, shape=LinkShape(rate) if rate else None, unshaped=rate is None,
+                               world_size=2, backend=backend, sizes_bytes=parse_sizes(sizes), reps=reps,
+                               timeout_s=300)  # fmt: skip
+        lines.append(f"- calibration at {format_rate(rate) if rate else 'unshaped'} ({c.backend}): "
+                     f"{calibration_summary(c)}")  # fmt: skip
+    return lines
+
+
+def model_check(args, results: Path, profiles: Path, device: str, ranks_per_device: int, threads: int) -> str:
+    """Profile the model on this machine (as the trials' ranks share it), then the report's predicted against
+    measured iteration time per trial and its crossover verdicts, with the calibrations stored in `profiles`."""
+    from testbed import modelling
+    from testbed.errors import TestbedError
+    from testbed.report import report_from_dir
+
+    measure = dict(image_size=args.image_size, iters=10, threads=threads, lockstep_timeout_s=180.0)
+    compressors = args.compressors.split(",")
+    note = ""
+    try:
+        prof, _ = modelling.measure_and_store(args.model, args.batch_size, compressors, device, profiles,
+                                              colocated=ranks_per_device, **measure)  # fmt: skip
+    except TestbedError as exc:
+        if ranks_per_device == 1:
+            raise
+        note = f" (the lockstep profile of {ranks_per_device} ranks on one device failed: {exc}; solo instead)"
+        prof, _ = modelling.measure_and_store(args.model, args.batch_size, compressors, device, profiles, **measure)
+    res = report_from_dir(results, results / "report", profiles_dir=profiles, hook_blocks_backward=False)
+    errors, crossovers = res.tables["errors"], res.tables["crossovers"]
+    out = [f"profile: {prof.model}, batch {prof.batch_size}, {prof.device}, {prof.colocated_ranks} co-located "
+           f"rank(s): forward + backward {(prof.forward_s + prof.backward_s) * 1e3:.1f} ms{note}\n"]  # fmt: skip
+    out.append("| rate | compressor | measured ms | predicted ms | error % |\n|---|---|---|---|---|")
+    for _, e in errors.iterrows():
+        out.append(f"| {e['bandwidth']} | {e['compressor']} | {e['measured_ms']:.1f} | {e['predicted_ms']:.1f} | "
+                   f"{e['error_pct']:+.1f} |")  # fmt: skip
+    out.append("\n| compressor | measured crossover | predicted | verdict |\n|---|---|---|---|")
+    for _, c in crossovers.iterrows():
+        out.append(f"| {c['compressor']} | {c['measured']} | {c['predicted']} | {c['verdict']} |")
+    out += [f"- note: {n}" for n in res.notes]
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="1gbit,10gbit")
@@ -160,8 +216,22 @@ def main() -> int:
     ap.add_argument("--backend", default="nccl", help=argparse.SUPPRESS)  # gloo: the CPU smoke test of this script
     ap.add_argument("--out", default=None, help="results directory (default: a temporary one)")
     ap.add_argument("--name", default=NAME, help="cluster name for the emulated hosts (default gpuchk)")
+    ap.add_argument("--no-model", action="store_true", help="leave out the calibration, profile and prediction")
+    ap.add_argument("--calibrate-sizes", default="256kb,4mb,16mb,64mb",
+                    help="message sizes of the calibrations (default: %(default)s)")
+    ap.add_argument("--calibrate-reps", type=int, default=3, help="timed repetitions per size (default: %(default)s)")
     args = ap.parse_args()
     started = time.monotonic()
+    sys.stdout.reconfigure(line_buffering=True)  # what is printed survives a run cut off at the device's time limit
+    if not args.no_model:
+        from testbed.calibrate import check_settings
+        from testbed.errors import InputError
+        from testbed.model_cli import parse_sizes
+
+        try:  # an error now, not after the trials; named by this script's flags (--calibrate-sizes, -reps)
+            check_settings(parse_sizes(args.calibrate_sizes), args.calibrate_reps, 300)
+        except InputError as exc:
+            raise InputError(str(exc).replace("--", "--calibrate-", 1)) from None
 
     facts = cuda_facts() if args.backend == "nccl" else {"backend": "gloo (CPU smoke run)"}
     if facts is None:
@@ -193,6 +263,9 @@ def main() -> int:
     store = ResultsStore(out)
     rows = []
     busbw: dict[int | None, float | None] = {}
+    profiles = out / "profiles"
+    calibrations: list[str] = []
+    model_failed = ""
     if ok:
         cluster, _ = LocalCluster.up(args.name, 2, gpus=gpus, recreate=True)
     else:
@@ -217,6 +290,12 @@ def main() -> int:
                 row = run_trial(cluster, trial, store, timeout_s=300, probe=ok and iperf)
                 rows.append(row)
                 print(f"  {trial.label()}: {row['status']} {row.get('error') or ''}", file=sys.stderr)
+        if not args.no_model:
+            try:  # a failure here must not cost the trials' table above
+                calibrations = calibrate_at_rates(cluster, rates, profiles, args.backend, args.calibrate_sizes,
+                                                  args.calibrate_reps)
+            except Exception as exc:  # noqa: BLE001 (reported, and the check fails)
+                model_failed = f"calibration failed: {type(exc).__name__}: {exc}"
     finally:
         if ok:
             LocalCluster.remove(args.name)
@@ -239,9 +318,30 @@ def main() -> int:
             else f"| {format_rate(rate) if rate else 'unshaped (lo)'} | {r['compressor']} | - | {r['status']}: "
             f"{str(r['error'])[:160]} | - | - | - | - | - | - |"
         )
+    if not args.no_model and not model_failed:
+        print("\n## Performance model on this cluster: calibrated, profiled, predicted against the trials\n")
+        print("\n".join(calibrations) + "\n")
+        if args.backend == "nccl":  # emulated hosts that share a GPU (assign_gpus: fewer GPUs than hosts)
+            device, threads = "cuda", 0
+            ranks_per_device = max(Counter(g[0] for g in per_host if g).values(), default=1)
+        else:  # the CPU run: every rank shares this machine's cores
+            device, threads = "cpu", cluster.threads_per_rank(len(per_host))
+            ranks_per_device = len(per_host)
+        try:
+            print(model_check(args, out, profiles, device, ranks_per_device, threads))
+        except Exception as exc:  # noqa: BLE001 (reported, and the check fails)
+            model_failed = f"model check failed: {type(exc).__name__}: {exc}"
+    if model_failed:
+        print(f"\n{model_failed}")
     print(f"\n{len(rows)} trials in {time.monotonic() - started:.0f} s; rows in {out}")
-    return 0 if rows and all(r["status"] == "ok" for r in rows) else 1
+    return 0 if rows and all(r["status"] == "ok" for r in rows) and not model_failed else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from testbed.errors import InputError
+
+    try:
+        sys.exit(main())
+    except InputError as exc:  # bad flags: one line, exit 2, nothing started
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -44,6 +44,7 @@ def measure_profile(
     options: dict[str, dict[str, Any]] | None = None,
     plugin_path: str | None = None,
     colocated: int = 1,
+    lockstep_timeout_s: float = 1800.0,
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
     `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it.
@@ -51,7 +52,7 @@ def measure_profile(
     share this machine run (the local emulated cluster: its world size): compute, the slowest rank's lateness and,
     on CPU, each compressor's encode/decode in place (measure_lockstep, merge_lockstep).
     `options`: compressor -> its options; `plugin_path`: the directory MODULE:FACTORY plugins are imported from
-    (this process imports them: the profile runs here)."""
+    (this process imports them: the profile runs here). `lockstep_timeout_s`: how long the co-located ranks may take."""
     check_device(device)
     if plugin_path:
         import sys
@@ -80,7 +81,8 @@ def measure_profile(
         with status(f"profiling {model} again as {colocated} co-located ranks in lockstep..."):
             shared = measure_lockstep(colocated, model, batch_size, names, options, image_size=image_size,
                                       seq_len=seq_len, iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads,
-                                      device=device, plugin_path=plugin_path)  # fmt: skip
+                                      device=device, plugin_path=plugin_path,
+                                      timeout_s=lockstep_timeout_s)  # fmt: skip
         data = merge_lockstep(data, shared)
     data["colocated_ranks"] = colocated
     return pm.profile_from_dict(data, source=f"profile of {model}")
