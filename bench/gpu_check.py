@@ -165,7 +165,7 @@ def calibrate_at_rates(
     for rate in rates:
         c, _ = run_calibration(cluster, profiles, shape=LinkShape(rate) if rate else None, unshaped=rate is None,
                                world_size=2, backend=backend, sizes_bytes=parse_sizes(sizes), reps=reps,
-                               timeout_s=300)  # fmt: skip
+                               timeout_s=180)  # fmt: skip
         lines.append(f"- calibration at {format_rate(rate) if rate else 'unshaped'} ({c.backend}): "
                      f"{calibration_summary(c)}")  # fmt: skip
     return lines
@@ -204,6 +204,30 @@ def model_check(args, results: Path, profiles: Path, device: str, ranks_per_devi
     return "\n".join(out)
 
 
+def print_trials(rows: list[dict], busbw: dict) -> None:
+    """The trials' table (Markdown), one row per trial."""
+    from shaping.units import format_rate
+
+    print("| rate | compressor | backend | status | ms/iter (p50) | samples/s | wire tx MB/iter/host | "
+          "probe goodput | NCCL busbw | device |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        rate = r["rate_bps"] or None
+        good = r["status"] == "ok"
+        probe = r.get("measured_goodput_bps")
+        bw = busbw.get(rate)
+        print(
+            f"| {format_rate(rate) if rate else 'unshaped (lo)'} | {r['compressor']} | {r.get('dist_backend')} | "
+            f"{r['status']}{': ' + str(r['error'])[:120] if not good else ''} | "
+            f"{r['iter_time_s_p50'] * 1e3:.1f} | {r['samples_per_s']:.1f} | "
+            f"{(r['wire_tx_bytes_per_iter'] or 0) / 1e6:.2f} | "
+            f"{format_rate(probe) if probe else '-'} | {format_rate(bw) if bw else '-'} | {r.get('device_name') or '-'} |"
+            if good
+            else f"| {format_rate(rate) if rate else 'unshaped (lo)'} | {r['compressor']} | - | {r['status']}: "
+            f"{str(r['error'])[:160]} | - | - | - | - | - | - |"
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="1gbit,10gbit")
@@ -229,7 +253,7 @@ def main() -> int:
         from testbed.model_cli import parse_sizes
 
         try:  # an error now, not after the trials; named by this script's flags (--calibrate-sizes, -reps)
-            check_settings(parse_sizes(args.calibrate_sizes), args.calibrate_reps, 300)
+            check_settings(parse_sizes(args.calibrate_sizes), args.calibrate_reps, 180)
         except InputError as exc:
             raise InputError(str(exc).replace("--", "--calibrate-", 1)) from None
 
@@ -240,7 +264,7 @@ def main() -> int:
     if "error" in facts:
         print(f"no usable torch: {facts['error']}: skipped")
         return 0
-    from shaping.units import format_rate, parse_rate_bps
+    from shaping.units import parse_rate_bps
     from testbed.cluster.local import LocalCluster, assign_gpus
     from testbed.config import Trial
     from testbed.launch import run_trial
@@ -290,6 +314,7 @@ def main() -> int:
                 row = run_trial(cluster, trial, store, timeout_s=300, probe=ok and iperf)
                 rows.append(row)
                 print(f"  {trial.label()}: {row['status']} {row.get('error') or ''}", file=sys.stderr)
+        print_trials(rows, busbw)  # before the calibrations: a run cut off at the device's limit keeps it
         if not args.no_model:
             try:  # a failure here must not cost the trials' table above
                 calibrations = calibrate_at_rates(cluster, rates, profiles, args.backend, args.calibrate_sizes,
@@ -300,24 +325,6 @@ def main() -> int:
         if ok:
             LocalCluster.remove(args.name)
 
-    print("| rate | compressor | backend | status | ms/iter (p50) | samples/s | wire tx MB/iter/host | "
-          "probe goodput | NCCL busbw | device |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        rate = r["rate_bps"] or None
-        good = r["status"] == "ok"
-        probe = r.get("measured_goodput_bps")
-        bw = busbw.get(rate)
-        print(
-            f"| {format_rate(rate) if rate else 'unshaped (lo)'} | {r['compressor']} | {r.get('dist_backend')} | "
-            f"{r['status']}{': ' + str(r['error'])[:120] if not good else ''} | "
-            f"{r['iter_time_s_p50'] * 1e3:.1f} | {r['samples_per_s']:.1f} | "
-            f"{(r['wire_tx_bytes_per_iter'] or 0) / 1e6:.2f} | "
-            f"{format_rate(probe) if probe else '-'} | {format_rate(bw) if bw else '-'} | {r.get('device_name') or '-'} |"
-            if good
-            else f"| {format_rate(rate) if rate else 'unshaped (lo)'} | {r['compressor']} | - | {r['status']}: "
-            f"{str(r['error'])[:160]} | - | - | - | - | - | - |"
-        )
     if not args.no_model and not model_failed:
         print("\n## Performance model on this cluster: calibrated, profiled, predicted against the trials\n")
         print("\n".join(calibrations) + "\n")
