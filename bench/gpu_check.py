@@ -249,13 +249,10 @@ def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # what is printed survives a run cut off at the device's time limit
     if not args.no_model:
         from testbed.calibrate import check_settings
-        from testbed.errors import InputError
         from testbed.model_cli import parse_sizes
 
-        try:  # an error now, not after the trials; named by this script's flags (--calibrate-sizes, -reps)
-            check_settings(parse_sizes(args.calibrate_sizes), args.calibrate_reps, 180)
-        except InputError as exc:
-            raise InputError(str(exc).replace("--", "--calibrate-", 1)) from None
+        sizes = parse_sizes(args.calibrate_sizes, "--calibrate-sizes")  # an error now, not after the trials
+        check_settings(sizes, args.calibrate_reps, 180, sizes_flag="--calibrate-sizes", reps_flag="--calibrate-reps")
 
     facts = cuda_facts() if args.backend == "nccl" else {"backend": "gloo (CPU smoke run)"}
     if facts is None:

@@ -35,14 +35,17 @@ MAX_SIZE_BYTES = 1024**3
 MAX_REPS = 1000
 
 
-def check_settings(sizes_bytes: Sequence[int], reps: int, timeout_s: float) -> None:
+def check_settings(
+    sizes_bytes: Sequence[int], reps: int, timeout_s: float, *, sizes_flag: str = "--sizes", reps_flag: str = "--reps"
+) -> None:
+    """Errors name the flags (`testbed calibrate`'s by default; a caller with other flag names passes its own)."""
     if len(set(sizes_bytes)) < 2:
-        raise InputError(f"--sizes {','.join(map(str, sizes_bytes))}: give at least 2 distinct message sizes")
+        raise InputError(f"{sizes_flag} {','.join(map(str, sizes_bytes))}: give at least 2 distinct message sizes")
     bad = [s for s in sizes_bytes if not 1024 <= s <= MAX_SIZE_BYTES]
     if bad:
-        raise InputError(f"--sizes: {bad[0]} bytes is outside 1 KB..1 GB")
+        raise InputError(f"{sizes_flag}: {bad[0]} bytes is outside 1 KB..1 GB")
     if not 1 <= reps <= MAX_REPS:
-        raise InputError(f"--reps {reps}: expected an integer in [1, {MAX_REPS}]")
+        raise InputError(f"{reps_flag} {reps}: expected an integer in [1, {MAX_REPS}]")
     if not (timeout_s > 0 and timeout_s < float("inf")):
         raise InputError(f"--timeout {timeout_s:g}: expected a positive number of seconds")
 

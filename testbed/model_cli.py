@@ -336,14 +336,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- calibrate
-def parse_sizes(text: str) -> list[int]:
-    """`16kb,1mb` -> bytes (shaping.units.parse_size_bytes), sorted, distinct."""
+def parse_sizes(text: str, flag: str = "--sizes") -> list[int]:
+    """`16kb,1mb` -> bytes (shaping.units.parse_size_bytes), sorted, distinct; errors name `flag`."""
     from shaping.units import parse_size_bytes
 
     parts = [p.strip() for p in text.split(",") if p.strip()]
     if not parts:
-        raise InputError(f"--sizes {text!r}: expected comma-separated sizes, e.g. 16kb,1mb,16mb")
-    return sorted({parse_size_bytes(p, "--sizes") for p in parts})
+        raise InputError(f"{flag} {text!r}: expected comma-separated sizes, e.g. 16kb,1mb,16mb")
+    return sorted({parse_size_bytes(p, flag) for p in parts})
 
 
 def calibration_table(c: cal.Calibration) -> Table:
