@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import (
@@ -59,11 +58,9 @@ def ping(ns: str, address: str) -> bool:
 def test_up_reach_down_leaves_nothing(testbed_cli, state_dir, cluster_name, n_hosts):
     name = cluster_name
     links_before = root_links()
-    t0 = time.monotonic()
-    done = testbed_cli("up", "--name", name, "--hosts", str(n_hosts), "--bw", "1gbit")
+    done = testbed_cli("up", "--name", name, "--hosts", str(n_hosts), "--bw", "1gbit")  # its timeout catches a hang
     assert done.returncode == 0, done.stderr
     assert f"{n_hosts} hosts up" in done.stdout
-    up_s = time.monotonic() - t0
 
     # what exists: one namespace per host plus the switch, named as documented, with the addresses status reports
     expected_ns = sorted([f"tb-{name}-sw"] + [f"tb-{name}-h{i}" for i in range(n_hosts)])
@@ -94,9 +91,7 @@ def test_up_reach_down_leaves_nothing(testbed_cli, state_dir, cluster_name, n_ho
     )
     try:
         wait_for(lambda: sleeper.pid in pids_in_netns(f"tb-{name}-h{n_hosts - 1}"), 10, "sleep inside the host")
-        t0 = time.monotonic()
         done = testbed_cli("down", "--name", name)
-        down_s = time.monotonic() - t0
         assert done.returncode == 0, done.stderr
         assert f"removed {n_hosts + 1} namespaces" in done.stdout
         assert sleeper.wait(timeout=10) is not None  # down killed it
@@ -114,8 +109,6 @@ def test_up_reach_down_leaves_nothing(testbed_cli, state_dir, cluster_name, n_ho
     assert not {"br0", "eth0", *(f"h{i}" for i in range(n_hosts))} & new_links, new_links
     done = testbed_cli("status", "--name", name)
     assert done.returncode == 2 and "no cluster named" in one_line(done.stderr)
-    # generous bounds (the benchmark measures these properly): catches a hang, not noise
-    assert up_s < 30 and down_s < 30
 
 
 def test_down_is_idempotent(testbed_cli, cluster_name):
