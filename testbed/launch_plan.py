@@ -13,9 +13,15 @@ Environment: a rank never inherits the controller's environment. It gets
   - what the testbed sets: PYTHONUNBUFFERED, the thread counts on emulated hosts, GLOO_SOCKET_IFNAME or the NCCL socket
     settings (NCCL_NET=Socket, NCCL_IB_DISABLE=1, NCCL_SOCKET_IFNAME==<data iface>, socket threads), and on emulated
     hosts CUDA_VISIBLE_DEVICES and a distinct NCCL_HOSTID, so NCCL treats each as a machine of its own;
-  - PYTHONPATH = the trial's --plugin-path, and only that, when its compressor is a MODULE:FACTORY plugin;
+  - on emulated hosts (the same machine as the controller), the loader and interpreter variables the controller runs
+    with (LD_LIBRARY_PATH, PYTHONPATH, VIRTUAL_ENV, CONDA_PREFIX, HOME: what GPU images and HPC module systems use to
+    find libcuda/libnccl and the Python packages); the local backend adds PATH and the project's code root;
+  - PYTHONPATH = the trial's --plugin-path when its compressor is a MODULE:FACTORY plugin (first, before the
+    controller's PYTHONPATH on emulated hosts; alone on lab hosts);
   - the trial's --nccl-env and the run's --env, which the user named.
-Everything else (tokens, PATH, HOME, LD_LIBRARY_PATH, ...) stays on the controller.
+Everything else (tokens, cloud credentials, SSH agents, ...) stays on the controller; on lab and Slurm hosts the
+host's own login environment applies instead of the controller's (docs/lab-guide.md, "What reaches a rank's
+environment").
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from testbed.errors import InputError
 FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_")
 FORWARDED_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 NEVER_FORWARDED = ("CUDA_VISIBLE_DEVICES",)
+# emulated hosts are this machine: what its loader and interpreter need to find libcuda, libnccl and the packages
+EMULATED_HOST_NAMES = ("LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX", "HOME")
 SET_BY_TESTBED = (*TORCHRUN_KEYS, *NCCL_PINNED, "GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")
 
 
@@ -130,13 +138,29 @@ class LaunchPlan:
         }
 
 
-def forwarded_env(controller_env: Mapping[str, str]) -> dict[str, str]:
-    """The part of the controller's environment a rank may see (allowlist; see the module docstring)."""
-    return {
+def forwarded_env(controller_env: Mapping[str, str], *, emulated: bool = False) -> dict[str, str]:
+    """The part of the controller's environment a rank may see (allowlist; see the module docstring). `emulated`:
+    the rank runs on this machine (an emulated host), so the loader and interpreter variables go too."""
+    out = {
         k: v
         for k, v in controller_env.items()
         if (k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES) and k not in NEVER_FORWARDED
     }
+    if emulated:
+        for k in EMULATED_HOST_NAMES:
+            v = controller_env.get(k, "")
+            if k in SEARCH_PATHS:  # an empty or relative entry means "the current directory": never for a root rank
+                v = _join_paths(*(p for p in v.split(":") if p.startswith("/")))
+            if v:
+                out[k] = v
+    return out
+
+
+SEARCH_PATHS = ("LD_LIBRARY_PATH", "PYTHONPATH")
+
+
+def _join_paths(*parts: str | None) -> str:
+    return ":".join(p for p in parts if p)
 
 
 def backend_env(trial: Trial, host: Host, cluster_name: str) -> dict[str, str]:
@@ -187,14 +211,17 @@ def plan(
     check_user_env(user_env)
     rph = trial.ranks_per_host
     used = hosts[: trial.world_size // rph]
-    base = forwarded_env(controller_env)
-    base["PYTHONUNBUFFERED"] = "1"
-    if trial.plugin_path:  # a plugin compressor's directory: the one import path a rank gets from the controller
-        base["PYTHONPATH"] = trial.plugin_path
+    common = forwarded_env(controller_env)
+    common["PYTHONUNBUFFERED"] = "1"
     if threads:  # emulated hosts share this machine's cores
-        base.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        common.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     ranks = []
     for host_index, host in enumerate(used):
+        base = dict(common)
+        if host.emulated:  # this machine: its loader and interpreter variables (thread counts stay the plan's)
+            base.update({k: v for k, v in forwarded_env(controller_env, emulated=True).items() if k not in common})
+        if trial.plugin_path:  # a plugin compressor's directory: first on the rank's import path
+            base["PYTHONPATH"] = _join_paths(trial.plugin_path, base.get("PYTHONPATH") if host.emulated else None)
         args = RankArgs(
             model=trial.model,
             out=str(out_dir),

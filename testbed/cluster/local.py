@@ -29,6 +29,7 @@ from shaping import tc
 from shaping.plan import LinkShape
 from testbed.cluster import registry
 from testbed.cluster.base import Cluster, Host, RankProcess
+from testbed.cluster.netns_exec import argv_in_namespace
 from testbed.errors import ClusterError, InputError, PermissionDenied
 
 NS_PREFIX = "tb-"
@@ -234,7 +235,9 @@ class LocalCluster(Cluster):
         ]
 
     def command_prefix(self, host: Host) -> list[str]:
-        return ["ip", "netns", "exec", host.netns]
+        """Enter the host's namespace from Python (testbed/cluster/netns_exec.py: setns, then exec), so neither
+        ranks nor `testbed exec` need the `ip` binary."""
+        return argv_in_namespace(host.netns, [])
 
     def threads_per_rank(self, world_size: int) -> int:
         """Every rank of a local trial runs on this machine: its CPUs shared evenly, at least one each."""
@@ -250,13 +253,13 @@ class LocalCluster(Cluster):
         self, host: Host, argv: list[str], *, env: dict[str, str], log_path: Path, workdir: Path | None = None
     ) -> LocalRankProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        # emulated hosts are this machine: its PATH finds `ip` and the tools a rank calls; nothing else is added
+        # emulated hosts are this machine: its PATH finds the tools a rank calls (the plan adds the loader variables)
         env = {"PATH": os.environ.get("PATH", os.defpath), **env}
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
                 self._argv(host, argv),
                 env=env,
-                cwd=workdir,
+                cwd=workdir or log_path.parent.absolute(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -266,12 +269,21 @@ class LocalCluster(Cluster):
 
     def fetch(self, host: Host, remote_dir: Path, local_dir: Path) -> None:
         if Path(remote_dir).resolve() != Path(local_dir).resolve():
+    def rank_out_dir(self, local_dir: Path, trial_id: str) -> Path:
+        """The results directory itself, absolute: ranks run in a working directory of their own (`start`)."""
+        return Path(local_dir).absolute()
+
             raise ClusterError("local hosts share this machine's filesystem: write results where they are read")
 
     def links(self, hosts: list[Host] | None = None) -> list[tuple[Host, str, str, str]]:
+        """Start argv in the host's namespace, in a process group of its own. A Python rank runs as root, so it
+        runs with `-P` (neither the working directory nor a script's folder on sys.path: a `runners/` or `json.py`
+        planted where the user stands is never imported), the project's code root first on PYTHONPATH, and in a
+        fixed working directory: `workdir`, else the folder of its log (the controller made it for this run)."""
         """(host, direction, netns, ifname) for both ends of each host's veth."""
         out = []
         for h in hosts or self.hosts():
+        argv = _python_isolated(argv, env)
             out.append((h, "upload", h.netns, DATA_IFACE))
             out.append((h, "download", switch_ns(self.name), h.name))
         return out
@@ -365,6 +377,21 @@ def _check_subnet(subnet: str, n_hosts: int) -> ipaddress.IPv4Network:
     try:
         net = ipaddress.IPv4Network(subnet, strict=True)
     except ValueError as e:
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds testbed/, runners/ and shaping/
+
+
+def _python_isolated(argv: list[str], env: dict[str, str]) -> list[str]:
+    """argv with `-P` after a Python interpreter (`python -m runners.train ...`); the code root the controller runs
+    from goes first on env's PYTHONPATH (in place), so the rank imports the same runners/ and nothing of its cwd."""
+    if not argv or not os.path.basename(argv[0]).startswith("python"):
+        return list(argv)
+    if (CODE_ROOT / "runners" / "__init__.py").is_file():
+        env["PYTHONPATH"] = ":".join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH")) if p)
+    if len(argv) > 1 and argv[1] in ("-P", "-I"):
+        return list(argv)
+    return [argv[0], "-P", *argv[1:]]
+
+
         raise InputError(f"--subnet {subnet!r}: {e}; expected an IPv4 network like {DEFAULT_SUBNET}") from None
     if not net.is_private:
         raise InputError(f"--subnet {subnet}: not a private range; emulated hosts use private addresses only")

@@ -73,7 +73,8 @@ def test_backends_implement_it(make):
 def test_local_answers():
     cluster = local_cluster()
     host = cluster.host("h0")
-    assert cluster.command_prefix(host) == ["ip", "netns", "exec", "tb-ifc-h0"]
+    prefix = cluster.command_prefix(host)  # setns from Python (netns_exec.py), no `ip` binary
+    assert prefix[1:2] == ["-I"] and prefix[2].endswith("netns_exec.py") and prefix[3:] == ["/run/netns/tb-ifc-h0", "--"]
     assert cluster.threads_per_rank(1) == os.cpu_count()
     assert cluster.threads_per_rank(10_000) == 1  # never 0: 0 would mean "the default", every rank all CPUs
     assert cluster.recorded_shape().rate_bps == 10**8

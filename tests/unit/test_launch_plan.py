@@ -103,7 +103,7 @@ def test_bad_trial_settings_are_refused_before_anything_starts(fields, message):
 
 # ------------------------------------------------------------------------------------------------ environment
 def test_controller_environment_never_reaches_a_rank_except_the_allowlist():
-    _, p = make_plan(Trial("syncsgd", None, 2), cpu_hosts(2), threads=1)
+    _, p = make_plan(Trial("syncsgd", None, 2), cpu_hosts(2, emulated=False), threads=1)
     for r in p.ranks:
         for name in ("GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "PATH", "HOME", "LD_LIBRARY_PATH"):
             assert name not in r.env, name
@@ -111,6 +111,22 @@ def test_controller_environment_never_reaches_a_rank_except_the_allowlist():
         assert r.env["NCCL_DEBUG"] == "INFO" and r.env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
         assert "CUDA_VISIBLE_DEVICES" not in r.env  # never the controller's; CPU hosts get none
         assert r.env["OMP_NUM_THREADS"] == "1" and r.env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_emulated_hosts_get_the_controllers_loader_and_interpreter_variables_and_no_secret():
+    env = {**SECRET, "PYTHONPATH": "/ctl/py::rel/dir:/ctl/py2", "VIRTUAL_ENV": "/ctl/venv", "CONDA_PREFIX": "/c",
+           "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64:"}  # fmt: skip
+    _, p = make_plan(Trial("syncsgd", None, 2), cpu_hosts(2), env=env, threads=1)
+    for r in p.ranks:
+        assert r.env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"  # an empty entry would mean the cwd: dropped
+        assert r.env["PYTHONPATH"] == "/ctl/py:/ctl/py2"  # relative and empty entries dropped too
+        assert (r.env["VIRTUAL_ENV"], r.env["CONDA_PREFIX"], r.env["HOME"]) == ("/ctl/venv", "/c", "/root")
+        assert "GITHUB_TOKEN" not in r.env and "AWS_SECRET_ACCESS_KEY" not in r.env and "PATH" not in r.env
+        assert r.env["OMP_NUM_THREADS"] == "1"  # the plan's thread count, not the controller's 3
+    _, p = make_plan(Trial("mypkg.comp:make", None, 2, plugin_path="/plugins"), cpu_hosts(2), env=env)
+    assert p.ranks[0].env["PYTHONPATH"] == "/plugins:/ctl/py:/ctl/py2"  # the plugin first
+    _, p = make_plan(Trial("mypkg.comp:make", None, 2, plugin_path="/plugins"), cpu_hosts(2, emulated=False), env=env)
+    assert p.ranks[0].env["PYTHONPATH"] == "/plugins" and "VIRTUAL_ENV" not in p.ranks[0].env  # lab: only the plugin
 
 
 def test_user_named_variables_reach_every_rank_and_are_redacted_in_the_dry_run():
