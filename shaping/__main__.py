@@ -15,6 +15,10 @@ when --ingress is given (without it a testbed ingress redirect is removed). Noth
 already matches ("changed": false). With --confirm-within N the change is undone after N seconds unless `confirm`
 runs (see shaping/commit_confirm.py). The interface that carries an SSH session (normally the controller's) is refused
 unless --force-mgmt-iface. Errors print one line; bad input exits 2 before anything changes.
+
+Through sudo (the root-owned helper of ansible/roles/testbed_host, which calls `main(argv, data_ifaces=...)`) every
+argument is a stranger's: the device must be the host's data NIC, and --netns, --state-dir and
+TESTBED_SHAPING_STATE_DIR are refused (shaping/caller.py; docs/lab-guide.md, "Threat model and the sudo rule").
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import argparse
 import contextlib
 import ctypes
 import json
+import os
 import subprocess
 import sys
 from typing import Any
 
-from shaping import classify, commit_confirm, highrate, ingress, lockout, tc
+from shaping import caller, classify, commit_confirm, highrate, ingress, lockout, tc
 from shaping.errors import InputError, ShapingError, TestbedError
 from shaping.plan import LinkShape, render_tc, shape_from_flags
 from shaping.units import format_rate
@@ -128,14 +133,13 @@ def _nic_queues(dev: str, netns: str | None) -> int | None:
     if netns:
         return None
     try:
-        import os
-
         return max(1, sum(1 for q in os.listdir(path) if q.startswith("tx-")))
     except OSError:
         return None
 
 
 def cmd_apply(args: argparse.Namespace) -> dict[str, Any]:
+    lockout.check_mgmt_addresses(args.mgmt_addr)
     shape = _shape(args)
     peers = classify.parse_peers(args.peers)
     classify.check(shape.qdisc, peers)
@@ -328,12 +332,14 @@ def cmd_kernel_check(args: argparse.Namespace) -> dict[str, Any]:
         if ctypes.CDLL(None, use_errno=True).unshare(0x40000000) != 0:  # CLONE_NEWNET
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
 
+    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); import json, shaping.__main__ as m; "
+    code += "print(json.dumps(m._kernel_probe()))"
     proc = subprocess.run(
-        [sys.executable, "-c", "import json, shaping.__main__ as m; print(json.dumps(m._kernel_probe()))"],
+        [sys.executable, "-I", "-c", code, str(commit_confirm.PROJECT_ROOT)],  # -I: nothing of cwd or PYTHONPATH
         capture_output=True,
         text=True,
         preexec_fn=enter_private_netns,  # noqa: PLW1509 - single-threaded CLI
-        cwd=str(commit_confirm.PROJECT_ROOT),
+        cwd="/",
         timeout=60,
     )
     if proc.returncode != 0:
@@ -370,11 +376,25 @@ def _text(cmd: str, res: dict[str, Any]) -> str:
     return json.dumps(res)
 
 
-def main(argv: list[str] | None = None) -> int:
+def check_caller(args: argparse.Namespace, data_ifaces: tuple[str, ...] | None = None) -> None:
+    """Where privilege begins: the device a valid name (one of `data_ifaces`, when the helper pins them), the
+    namespace a plain name, and through sudo (or from a non-root caller) no namespace and no state-directory
+    override. InputError (exit 2) before anything is read or changed."""
+    trusted = not caller.untrusted()
+    caller.check_state_dir_override(args.state_dir, trusted=trusted)
+    if getattr(args, "dev", None) is not None:
+        caller.check_dev(args.dev, data_ifaces)
+    harmless = bool(getattr(args, "dry_run", False)) and os.geteuid() != 0  # prints tc lines, can change nothing
+    caller.check_netns(getattr(args, "netns", None), trusted=trusted or harmless)
+
+
+def main(argv: list[str] | None = None, *, data_ifaces: tuple[str, ...] | None = None) -> int:
+    """The CLI. `data_ifaces`: the only devices accepted (the sudo helper passes the host's data NIC)."""
     argv = sys.argv[1:] if argv is None else argv
     debug = "--debug" in argv
     try:
         args = _parser().parse_args(argv)
+        check_caller(args, data_ifaces)
         handler = {
             "apply": cmd_apply,
             "confirm": lambda a: commit_confirm.confirm(a.dev, netns=a.netns, base=a.state_dir),

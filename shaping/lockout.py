@@ -80,6 +80,18 @@ def management_interfaces(extra_addresses: list[str] = (), netns: str | None = N
     return out
 
 
+def check_mgmt_addresses(addresses: list[str]) -> list[str]:
+    """The --mgmt-addr values as IP addresses; InputError for anything else (a protection that silently guards
+    nothing is worse than none)."""
+    out = []
+    for a in addresses:
+        try:
+            out.append(str(ipaddress.ip_address(str(a).strip())))
+        except ValueError:
+            raise InputError(f"--mgmt-addr {a!r}: not an IP address; expected e.g. 192.0.2.10 or 2001:db8::10") from None
+    return out
+
+
 def check_lockout(
     dev: str, *, netns: str | None = None, force_mgmt_iface: bool = False, mgmt_addresses: list[str] = ()
 ) -> None:
