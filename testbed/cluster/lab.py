@@ -12,7 +12,9 @@ Inventory (YAML, Ansible layout; see ansible/inventory.example.yml). Per host, a
   testbed_gpus_per_host           GPUs each host must show (nvidia-smi), unless allow_cpu
   testbed_python                  Python on the host with the project importable (default /opt/testbed/venv/bin/python)
   testbed_project_dir             the project's source on the host (default /opt/testbed/src)
-  testbed_run_dir                 where rank logs and pid files go on the host (default /tmp/testbed-lab)
+  testbed_run_dir                 where each started process and each trial attempt gets a fresh private directory
+                                  (mode 0700, checked with lstat) on the host (default /tmp; it must belong to root or
+                                  the login user and be writable by nobody else unless sticky)
   testbed_shaping_offload         HTB hardware offload: off (default), auto or on (see docs/lab-guide.md, High rates)
   testbed_shaping_ingress         also shape what arrives, via an ifb (default true; false with offload: egress only)
   ansible_become                  true: shaping commands run as `sudo -n testbed_shaping_helper ...` (no root SSH);
@@ -38,20 +40,29 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from shaping.plan import LinkShape
 from testbed.cluster import registry
 from testbed.cluster.base import Cluster, Host, RankProcess
-from testbed.cluster.ssh import SSHConnection, SSHTarget, command_line, detached_command_line
+from testbed.cluster.ssh import (
+    SSHConnection,
+    SSHTarget,
+    command_line,
+    detached_command_line,
+    env_file_text,
+    private_dir_check_line,
+    private_dir_line,
+)
 from testbed.errors import ClusterError, InputError, LaunchError, ShapingError, TestbedError
 
 REPO = Path(__file__).resolve().parents[2]
 MIN_PYTHON = (3, 11)
 DEFAULT_PYTHON = "/opt/testbed/venv/bin/python"
 DEFAULT_PROJECT_DIR = "/opt/testbed/src"
-DEFAULT_RUN_DIR = "/tmp/testbed-lab"
+DEFAULT_RUN_DIR = "/tmp"  # parent of the private per-process and per-attempt directories
 DEFAULT_CONFIRM_WITHIN_S = 60.0
 DEFAULT_SHAPING_HELPER = "/usr/local/sbin/testbed-shaping"  # installed by the testbed_host role (sudoers rule)
 TOKEN_ENV = "TESTBED_LAB_TOKEN"
@@ -287,6 +298,43 @@ def version_disagreements(facts_by_host: dict[str, dict[str, Any]]) -> list[str]
     return out
 
 
+# ---------------------------------------------------------------------------------------------- provisioning
+SOURCE_FILES = ("pyproject.toml", "README.md", "testbed", "shaping", "runners")  # what `pip install` on a host needs
+
+
+def stage_source(dest: Path, repo: Path = REPO) -> Path:
+    """Copy the package files the hosts install (SOURCE_FILES, no caches) to `dest`, readable by all and writable
+    by none but the owner (the role unpacks them as root). Nothing else of the checkout (results, keys, inventories,
+    .git, a venv) leaves this machine. Returns `dest`."""
+    dest.mkdir(mode=0o755)
+    for name in SOURCE_FILES:
+        src = repo / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, symlinks=False,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))  # fmt: skip
+        elif src.is_file():
+            shutil.copy2(src, dest / name)
+    for path in [dest, *dest.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return dest
+
+
+def accept_new_ssh_args(env: dict[str, str]) -> str:
+    """ANSIBLE_SSH_ARGS with `-o StrictHostKeyChecking=accept-new` first (ssh takes the first value of an option):
+    an unknown host key is recorded, a changed one refused. The rest is what the run would use otherwise: the
+    environment's ANSIBLE_SSH_ARGS, else ssh_args of its ANSIBLE_CONFIG, else Ansible's default. An inventory's
+    ansible_ssh_args overrides this (and then its own host key policy applies)."""
+    import configparser
+
+    rest = env.get("ANSIBLE_SSH_ARGS")
+    if rest is None:
+        cfg = configparser.ConfigParser(interpolation=None)
+        with contextlib.suppress(OSError, configparser.Error):
+            cfg.read(env.get("ANSIBLE_CONFIG", ""))
+        rest = cfg.get("ssh_connection", "ssh_args", fallback="-C -o ControlMaster=auto -o ControlPersist=60s")
+    return f"-o StrictHostKeyChecking=accept-new {rest}".strip()
+
+
 # ------------------------------------------------------------------------------------------------- rank processes
 class LabRankProcess(RankProcess):
     """A command started on a lab host with `setsid` (its own session and process group); output in a remote log
@@ -336,11 +384,17 @@ class LabRankProcess(RankProcess):
         self._conn().run_line(kill_group_script(self.pgid, self.token, grace_s), timeout_s=grace_s + 30)
         self.returncode = self.poll()
 
+    def handle(self) -> dict[str, Any]:
+        return {"host": self.host.name, "pgid": self.pgid, "token": self.token}
+
     def collect_log(self) -> None:
+        """Copy the remote log here, then remove the process's private directory on the host (it has ended)."""
         try:
             self._conn().get_file(self.remote["log"], self.log_path)
         except (OSError, TestbedError):
             pass  # the log is a courtesy; the exit status is what the launcher acts on
+        with contextlib.suppress(OSError, TestbedError, subprocess.TimeoutExpired):
+            self._conn().run_line(command_line(["rm", "-rf", "--", self.remote["dir"]]), timeout_s=30)
 
 
 def poll_status_line(rc_path: str, token: str, pgid: int) -> str:
@@ -375,6 +429,27 @@ def _end_group_sh(pgid: str, marker: str, *, steps: int, otherwise: str) -> str:
     )
 
 
+def _own_dir_test(var: str) -> str:
+    """Shell test: `var` (e.g. "$d") is a directory, not a link, of the running user ($u, set by the caller)."""
+    return f'[ -d "{var}" ] && [ ! -L "{var}" ] && [ "$(stat -c %u "{var}")" = "$u" ]'
+
+
+def end_processes_script(run_parent: str | PurePosixPath, cluster: str, host: str) -> str:
+    """Remote shell: end every process group `cluster` started on `host` that still runs (whoever started it: any
+    controller process), then remove their private directories. A group is signalled only if its leader carries the
+    token its directory is named after (no pid-reuse accidents); directories that are not the login user's own are
+    never read."""
+    prefix = f"tb-{cluster}-"
+    end = _end_group_sh("$p", f'"{TOKEN_ENV}=$t"', steps=30, otherwise="exit 0")
+    return (
+        f"u=$(id -u); for d in {shlex.quote(f'{str(run_parent).rstrip(chr(47))}/{prefix}{host}-')}*; do "
+        f"{_own_dir_test('$d')} || continue; "
+        f'if [ -f "$d/pid" ] && [ ! -f "$d/rc" ]; then p=$(cat "$d/pid"); t=$(basename "$d"); t=${{t#{prefix}}}; '
+        f'case "$p" in \'\'|*[!0-9]*) ;; *) [ "$p" -gt 1 ] && ( {end} ) ;; esac; fi; '
+        'rm -rf -- "$d"; done; true'
+    )
+
+
 # ---------------------------------------------------------------------------------------------------- the cluster
 class LabCluster(Cluster):
     """Hosts from an inventory; commands over SSH; shaping through `python -m shaping` on each host."""
@@ -400,6 +475,7 @@ class LabCluster(Cluster):
         self._conns: dict[str, SSHConnection] = {}
         self._hosts: list[Host] | None = None
         self._started: list[LabRankProcess] = []
+        self._attempt: dict[str, Any] | None = None  # the latest rank_out_dir: path, hosts made on, hosts fetched
         self.facts: dict[str, dict[str, Any]] = {}
         self.record: dict[str, Any] | None = None  # the registry record this cluster was opened from
 
@@ -577,8 +653,13 @@ class LabCluster(Cluster):
         spec = self._spec(host)
         return self._conn(spec.name).run(self._host_argv(spec, argv), cwd=spec.project_dir, timeout_s=timeout_s)
 
-    def _remote_dir(self, spec: LabHostSpec) -> PurePosixPath:
-        return PurePosixPath(spec.run_dir) / self.name
+    def _run_parent(self, spec: LabHostSpec) -> PurePosixPath:
+        """testbed_run_dir: where the private directories of this cluster's processes and attempts are made."""
+        return PurePosixPath(spec.run_dir)
+
+    def _process_dir_name(self, token: str) -> str:
+        """The private directory of one started process (log, pid, status, its environment until it starts)."""
+        return f"tb-{self.name}-{token}"
 
     def start(
         self,
@@ -590,29 +671,25 @@ class LabCluster(Cluster):
         workdir: Path | None = None,
     ) -> LabRankProcess:
         """Start argv on the host in a new process group (setsid); its output goes to a log on the host, copied to
-        `log_path` here when it ends. `workdir` (on the host) defaults to testbed_project_dir."""
+        `log_path` here when it ends. `workdir` (on the host) defaults to testbed_project_dir. Its files live in a
+        fresh private directory (`ssh.private_dir_line`) and `env` travels over stdin, never on a command line."""
         import time
 
         spec = self._spec(host)
         h = host if isinstance(host, Host) else self.host(host)
+        self._make_attempt_dir(spec)
         token = f"{spec.name}-{secrets.token_hex(6)}"
-        base = self._remote_dir(spec)
-        remote = {
-            "log": str(base / "logs" / f"{token}-{Path(log_path).name}"),
-            "pid": str(base / "pids" / f"{token}.pid"),
-            "rc": str(base / "pids" / f"{token}.rc"),
-        }
-        line = detached_command_line(
+        pdir = self._run_parent(spec) / self._process_dir_name(token)
+        remote = {"dir": str(pdir), "log": str(pdir / "log"), "pid": str(pdir / "pid"), "rc": str(pdir / "rc")}
+        detached = detached_command_line(
             self._host_argv(spec, argv),
-            env=dict(env),
+            run_dir=pdir,
             cwd=str(workdir) if workdir else spec.project_dir,
-            log_path=remote["log"],
-            pid_path=remote["pid"],
-            rc_path=remote["rc"],
             marker=f"{TOKEN_ENV}={token}",
         )
+        line = f"{private_dir_line(self._run_parent(spec), pdir.name)} && {detached}"
         conn = self._conn(spec.name)
-        res = conn.run_line(line, timeout_s=30)
+        res = conn.run_line(line, timeout_s=30, stdin=env_file_text(dict(env)))
         if res.returncode != 0:
             raise LaunchError(
                 f"host {spec.name}: starting {argv[0]} failed: {res.stderr.strip() or res.stdout.strip()}"
@@ -637,16 +714,51 @@ class LabCluster(Cluster):
                 pass
 
     def fetch(self, host: Host | str, remote_dir: Path, local_dir: Path) -> None:
-        """Copy a directory written on the host (e.g. `rank_out_dir`) here over SFTP; a no-op for the same path."""
+        """Copy a directory written on the host (e.g. `rank_out_dir`) here (SFTP, or tar through a job step); a no-op
+        for the same path. An attempt's directory is checked first (still the login user's, mode 0700, not a link)
+        and removed on the host once copied; on a run directory that hosts share (one filesystem), the first host's
+        copy brought every host's files."""
         spec = self._spec(host)
         if str(PurePosixPath(remote_dir)) == str(Path(local_dir).resolve()):
             return
-        self._conn(spec.name).get_tree(str(remote_dir), Path(local_dir))
+        conn = self._conn(spec.name)
+        attempt = self._attempt
+        if attempt is None or str(PurePosixPath(remote_dir)) != attempt["path"]:
+            conn.get_tree(str(remote_dir), Path(local_dir))
+            return
+        q = shlex.quote(attempt["path"])
+        if attempt["fetched"] and conn.run_line(f"[ -e {q} ] || [ -L {q} ]", timeout_s=30).returncode != 0:
+            return  # removed by the fetch from another host: the run directory is shared
+        res = conn.run_line(private_dir_check_line(attempt["path"]), timeout_s=30)
+        if res.returncode != 0:
+            raise ClusterError(f"host {spec.name}: {(res.stderr.strip().splitlines() or ['check failed'])[-1]}")
+        conn.get_tree(attempt["path"], Path(local_dir))
+        attempt["fetched"].add(spec.name)
+        conn.run_line(command_line(["rm", "-rf", "--", attempt["path"]]), timeout_s=60)
 
     def rank_out_dir(self, out_dir: Path, trial_id: str) -> PurePosixPath:
-        """Where ranks write their records on the hosts (fetched into `out_dir` afterwards)."""
+        """Where ranks write their records on the hosts (fetched into `out_dir` afterwards): a fresh directory per
+        attempt, `<testbed_run_dir>/tb-<cluster>.<random>`, made private on each host when the first process of the
+        attempt starts there (`_make_attempt_dir`) and removed by `fetch`. Nothing is made on the hosts here
+        (`run --dry-run` calls it)."""
         first = next(iter(self.specs.values()))
-        return self._remote_dir(first) / "trials" / trial_id
+        path = self._run_parent(first) / f"tb-{self.name}.{secrets.token_hex(8)}"
+        self._attempt = {"path": str(path), "made": set(), "fetched": set()}
+        return path
+
+    def _make_attempt_dir(self, spec: LabHostSpec) -> None:
+        """Make the current attempt's directory on this host (once): private, fresh name, checked with lstat. An
+        existing directory passes only if it is the login user's and private: another user cannot make one that is,
+        and the hosts may share the run directory."""
+        attempt = self._attempt
+        if attempt is None or spec.name in attempt["made"]:
+            return
+        path = PurePosixPath(attempt["path"])
+        line = private_dir_line(path.parent, path.name, reuse_own=True)
+        res = self._conn(spec.name).run_line(line, timeout_s=30)
+        if res.returncode != 0:
+            raise LaunchError(f"host {spec.name}: {(res.stderr.strip().splitlines() or ['mkdir failed'])[-1]}")
+        attempt["made"].add(spec.name)
 
     def links(self, hosts: list[Host] | None = None) -> list[tuple[Host, str, str | None, str]]:
         """(host, direction, netns, ifname): upload is the data NIC's egress, download the egress of its ifb."""
@@ -732,14 +844,19 @@ class LabCluster(Cluster):
         exe = str(exe) if exe.exists() else shutil.which("ansible-playbook")
         if not exe:
             raise ClusterError("ansible-playbook not found; install ansible-core (pip install 'ansible-core<2.21')")
-        argv = [exe, "-i", str(self.inventory_path), str(REPO / "ansible" / "playbooks" / playbook)]
-        if extra_vars:
-            argv += ["-e", json.dumps(extra_vars)]
         env = dict(os.environ)
         env.setdefault("ANSIBLE_CONFIG", str(REPO / "ansible" / "ansible.cfg"))
-        if self.accept_new_host_keys:
-            env["ANSIBLE_HOST_KEY_CHECKING"] = "False"
-        res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+        env.pop("ANSIBLE_HOST_KEY_CHECKING", None)  # host keys are always checked (the config says so)
+        if self.accept_new_host_keys:  # trust on first use; a CHANGED key is still refused (OpenSSH's accept-new)
+            env["ANSIBLE_SSH_ARGS"] = accept_new_ssh_args(env)
+        with tempfile.TemporaryDirectory(prefix="testbed-provision-") as private:  # mode 0700, removed after the run
+            # what the role installs on the hosts: the package files only, packed where no other user can read
+            source = stage_source(Path(private) / "src")
+            ours = {"testbed_host_source_dir": str(source),
+                    "testbed_host_source_archive": str(Path(private) / "testbed-src.tar.gz")}  # fmt: skip
+            argv = [exe, "-i", str(self.inventory_path), str(REPO / "ansible" / "playbooks" / playbook)]
+            argv += ["-e", json.dumps({**ours, **(extra_vars or {})})]
+            res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, umask=0o077)
         if res.returncode != 0:
             lines = [ln for ln in res.stdout.splitlines() if ln.startswith(("fatal:", "failed:", "ERROR"))]
             lines += [ln for ln in res.stderr.splitlines() if ln.strip()]
@@ -833,7 +950,25 @@ class LabCluster(Cluster):
                 except (TestbedError, subprocess.TimeoutExpired):
                     pass  # the host's own timer restores it at the deadline
             raise
+        if hosts is None:
+            self._record_shape(shape.to_dict())
         return results
+
+    def end_leftover(self, handle: dict[str, Any]) -> bool:
+        """A killed controller's rank or iperf3 server on a lab host: its process group, only while the leader still
+        carries the token it was started with (kill_group_script checks; a reused pid is left alone)."""
+        pgid, token = handle.get("pgid"), str(handle.get("token") or "")
+        if not isinstance(pgid, int) or pgid <= 1 or not re.fullmatch(r"[A-Za-z0-9_.-]+-[0-9a-f]{12}", token):
+            return False
+        self._conn(str(handle["host"])).run_line(kill_group_script(pgid, token, 3.0), timeout_s=40)
+        return True
+
+    def _record_shape(self, shape: dict[str, Any] | None) -> None:
+        """Shaping put on (or cleared from) every host becomes the cluster's recorded shaping, as on the local
+        backend: what `status` reports and each trial restores. Nothing is recorded while `up` builds the record."""
+        if self.record is not None and registry.load_record(self.name) is not None:
+            self.record["shape"] = shape
+            registry.save_record(self.name, self.record)
 
     def clear_shaping(self, hosts: list[Host] | None = None) -> None:
         def clear(n: str) -> None:
@@ -845,6 +980,8 @@ class LabCluster(Cluster):
         errors = [str(r) for r in self._each(clear, self._names(hosts)).values() if isinstance(r, TestbedError)]
         if errors:
             raise ShapingError("; ".join(errors))
+        if hosts is None:
+            self._record_shape(None)
 
     def shaping(self, host: Host | str) -> dict[str, Any]:
         spec = self._spec(host)
@@ -904,14 +1041,7 @@ class LabCluster(Cluster):
 
         def host_down(n: str) -> None:
             spec = self.specs[n]
-            pids = self._remote_dir(spec) / "pids"
-            script = (
-                f'for f in {shlex.quote(str(pids))}/{shlex.quote(n + "-")}*.pid; do [ -f "$f" ] || continue; '
-                't=${f%.pid}; [ -f "$t.rc" ] && continue; p=$(cat "$f"); '
-                'case "$p" in \'\'|*[!0-9]*) continue;; esac; [ "$p" -gt 1 ] || continue; '
-                + _end_group_sh("$p", f'"{TOKEN_ENV}=$(basename "$t")"', steps=30, otherwise="continue")
-                + "; done; true"
-            )
+            script = end_processes_script(self._run_parent(spec), self.name, n)
             self._conn(n).run_line(script, timeout_s=120)
             # --forget: also end a dead-man timer still waiting and remove the commit-confirm state directory
             argv = self._shaping_argv(spec, "clear", "--dev", spec.data_iface, "--forget", "--json")
@@ -920,6 +1050,11 @@ class LabCluster(Cluster):
                 raise ShapingError(f"host {n}: clearing shaping failed: {res.stderr.strip()}")
 
         errors = [str(r) for r in self._each(host_down, list(self.specs)).values() if isinstance(r, TestbedError)]
+        if not errors:  # the attempts' directories left by trials that failed before fetching (private, the user's)
+            pattern = f"{self._run_parent(next(iter(self.specs.values())))}/tb-{self.name}."
+            sweep = {n: f"u=$(id -u); for d in {shlex.quote(pattern)}*; do {_own_dir_test('$d')} && rm -rf -- \"$d\"; "
+                     "done; true" for n in self.specs}  # fmt: skip
+            self._each(lambda n: self._conn(n).run_line(sweep[n], timeout_s=120), list(self.specs))
         self.close()
         if errors:
             raise ClusterError("; ".join(errors))

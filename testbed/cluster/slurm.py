@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from shaping.plan import LinkShape
@@ -411,6 +411,7 @@ class SlurmCluster(LabCluster):
         self.require_allocation()
         spec = self._spec(host)
         h = host if isinstance(host, Host) else self.host(host)
+        self._make_attempt_dir(spec)  # the attempt's private directory (rank_out_dir), as on lab hosts
         name = self.step_name()
         # the rank's variables travel in srun's environment, exported to the step by name (srun_argv)
         line = command_line(self._host_argv(spec, argv), cwd=str(workdir) if workdir else spec.project_dir)
@@ -459,10 +460,6 @@ class SlurmCluster(LabCluster):
     def status(self) -> dict[str, Any]:
         self.require_allocation()
         return {**super().status(), "slurm_job": self.job_id}
-
-    def rank_out_dir(self, out_dir: Path, trial_id: str) -> PurePosixPath:
-        first = next(iter(self.specs.values()))
-        return PurePosixPath(first.run_dir) / self.name / "trials" / trial_id
 
 
 __all__ = ["NOT_IN_ALLOCATION", "SlurmCluster", "SrunConnection", "SrunRankProcess"]

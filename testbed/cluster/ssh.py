@@ -7,6 +7,10 @@ Security rules:
 - Every remote command is built from an argv list with `shlex.quote` on each word (`command_line()`), so an
   inventory value such as ``eth0;touch /tmp/pwned`` reaches the remote program as one literal argument and is never
   interpreted by the remote shell. Environment names are validated; values are quoted.
+- A detached process (a rank) gets its environment over the SSH channel's stdin, into a 0600 file of a private
+  directory, sourced and deleted before it starts (`detached_command_line`): secrets named with `--env` never appear
+  on a command line, which every user of the host can read in `ps`. Its log, pid and status files live in that
+  directory: fresh (never reused), mode 0700, owned by the login user, checked with lstat (`private_dir_line`).
 - No password or agent fallback: the key named in the inventory (or the user's default keys) only.
 """
 
@@ -46,28 +50,86 @@ def command_line(argv: list[str], *, env: dict[str, str] | None = None, cwd: str
     return line
 
 
+def env_file_text(env: dict[str, str]) -> bytes:
+    """A POSIX shell fragment that exports `env` (names validated, values quoted): what `detached_command_line`'s
+    script sources from a 0600 file. It travels over the command's stdin, never on a command line (which every user
+    of the host can read in `ps` for the whole life of the rank)."""
+    lines = []
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise InputError(f"environment variable name {name!r} is not valid; expected [A-Za-z_][A-Za-z0-9_]*")
+        lines.append(f"export {name}={shlex.quote(str(value))}\n")
+    return "".join(lines).encode()
+
+
+def private_dir_line(parent: str | PurePosixPath, name: str, *, reuse_own: bool = False) -> str:
+    """Remote shell: create `parent/name` as a fresh private directory of the running user, or fail (exit 3, one line
+    on stderr). `parent` must be owned by root or the user (a link to it too) and writable by nobody else unless it is
+    sticky (/tmp); `name` must not exist yet (never reused: another user may have planted it) and is checked after
+    `mkdir` with lstat: a directory, not a link, owned by the user, mode 0700. `reuse_own`: an existing `name` that
+    passes that check is used (hosts that share a filesystem make the same attempt directory; no other user can
+    make a directory that is the login user's)."""
+    if not name or "/" in name or name in (".", ".."):
+        raise InputError(f"private directory name {name!r}: expected one path component")
+    p, d = shlex.quote(str(parent)), shlex.quote(f"{str(parent).rstrip('/')}/{name}")
+
+    def fail(msg: str) -> str:
+        return f"{{ echo {shlex.quote(msg)} >&2; exit 3; }}"
+
+    mkdir = f"mkdir -m 700 {d} 2>/dev/null"
+    if not reuse_own:
+        mkdir += f" || {fail(f'{parent}/{name} exists already (planted?); refusing to use it')}"
+    return (
+        f"u=$(id -u); [ -e {p} ] || mkdir -p {p} || {fail(f'run directory {parent} (testbed_run_dir) cannot be made')}; "
+        f"[ -d {p} ] || {fail(f'run directory {parent} (testbed_run_dir) is not a directory')}; "
+        f'[ ! -L {p} ] || {{ o=$(stat -c %u {p}); [ "$o" = 0 ] || [ "$o" = "$u" ]; }} || '
+        f"{fail(f'run directory {parent} (testbed_run_dir) is a link made by another user; refusing')}; "
+        f'o=$(stat -L -c %u {p}); [ "$o" = 0 ] || [ "$o" = "$u" ] || '
+        f"{fail(f'run directory {parent} (testbed_run_dir) belongs to another user; refusing (expected root or you)')}; "
+        f"[ -k {p} ] || [ $((0$(stat -L -c %a {p}) & 022)) -eq 0 ] || "
+        f"{fail(f'run directory {parent} (testbed_run_dir) is writable by others and not sticky; refusing')}; "
+        f"{mkdir}; "
+        f'[ -d {d} ] && [ ! -L {d} ] && [ "$(stat -c %u {d})" = "$u" ] && [ "$(stat -c %a {d})" = 700 ] || '
+        f"{fail(f'{parent}/{name} is not a private directory of the login user; refusing to use it')}"
+    )
+
+
+def private_dir_check_line(path: str | PurePosixPath) -> str:
+    """Remote shell: exit 0 only if `path` is a directory (not a link) of the running user with mode 0700 (lstat)."""
+    q = shlex.quote(str(path))
+    return (
+        f'[ -d {q} ] && [ ! -L {q} ] && [ "$(stat -c %u {q})" = "$(id -u)" ] && [ "$(stat -c %a {q})" = 700 ] || '
+        f"{{ echo {shlex.quote(f'{path} is not a private directory of the login user; refusing to read it')} >&2; "
+        "exit 3; }"
+    )
+
+
 def detached_command_line(
     argv: list[str],
     *,
-    env: dict[str, str] | None,
+    run_dir: str | PurePosixPath,
     cwd: str | PurePosixPath | None,
-    log_path: str | PurePosixPath,
-    pid_path: str | PurePosixPath,
-    rc_path: str | PurePosixPath,
     marker: str | None = None,
 ) -> str:
-    """Start `argv` in a new session/process group (setsid), output to `log_path`; its group id goes to `pid_path`
-    and, when it ends on its own, its exit status to `rc_path`. Returns at once. `marker` (NAME=value) is put in the
-    group leader's environment so a later kill can check /proc/PGID/environ before signalling (pid reuse)."""
-    inner = command_line(argv, env=env, cwd=cwd)
+    """Start `argv` in a new session/process group (setsid) and return at once. Everything it leaves lives in
+    `run_dir`, a private directory the caller made just before (`private_dir_line`): its output goes to `log`, its
+    group id to `pid` and, when it ends on its own, its exit status to `rc`. Its environment is read from stdin into
+    `env` (mode 0600, written with `env_file_text`), sourced by the detached shell and deleted before `argv` starts:
+    no variable value appears on any command line. `marker` (NAME=value) is put in the group leader's environment so a
+    later kill can check /proc/PGID/environ before signalling (pid reuse)."""
+    d = PurePosixPath(run_dir)
+    inner = command_line(argv, cwd=cwd)
     q = shlex.quote
+    env_path, rc_path, rc_tmp = q(str(d / "env")), q(str(d / "rc")), q(str(d / "rc.tmp"))
     # the status is renamed into place: a poll never reads a created but not yet written file
-    rc_tmp = f"{rc_path}.tmp"
-    script = f"echo $$ > {q(str(pid_path))}; {inner}; echo $? > {q(rc_tmp)} && mv -f {q(rc_tmp)} {q(str(rc_path))}"
+    script = (
+        f"echo $$ > {q(str(d / 'pid'))}; . {env_path} && rm -f {env_path} || "
+        f"{{ echo 126 > {rc_tmp} && mv -f {rc_tmp} {rc_path}; exit 126; }}; {inner}; "
+        f"echo $? > {rc_tmp} && mv -f {rc_tmp} {rc_path}"
+    )
     return (
-        f"mkdir -p {q(str(PurePosixPath(log_path).parent))} {q(str(PurePosixPath(pid_path).parent))} && "
-        f"rm -f {q(str(rc_path))} {q(str(pid_path))} && "
-        f"setsid -f {'env ' + q(marker) + ' ' if marker else ''}sh -c {q(script)} < /dev/null > {q(str(log_path))} 2>&1"
+        f"umask 077 && set -C && cat > {env_path} && "
+        f"setsid -f {'env ' + q(marker) + ' ' if marker else ''}sh -c {q(script)} < /dev/null > {q(str(d / 'log'))} 2>&1"
     )
 
 

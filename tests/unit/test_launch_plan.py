@@ -201,9 +201,13 @@ def test_the_ssh_command_line_of_a_lab_rank_carries_only_the_plan():
 
     _, p = make_plan(Trial("powersgd", None, 2, backend="nccl"), gpu_hosts(2, 1))
     r = p.ranks[1]
-    line = detached_command_line(["/opt/testbed/venv/bin/python", *r.argv], env=dict(r.env), cwd="/opt/testbed/src",
-                                 log_path="/tmp/l", pid_path="/tmp/p", rc_path="/tmp/r", marker="TOKEN=x")  # fmt: skip
+    from testbed.cluster.ssh import env_file_text
+
+    line = detached_command_line(["/opt/testbed/venv/bin/python", *r.argv], cwd="/opt/testbed/src",
+                                 run_dir="/tmp/tb-c-h1-x", marker="TOKEN=x")  # fmt: skip
+    sent = env_file_text(dict(r.env)).decode()  # over stdin into a 0600 file, never on the command line
     for secret in ("ghp_secret", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "/controller/bin", "/controller/lib"):
-        assert secret not in line
-    assert "NCCL_SOCKET_IFNAME==ens3" in line and "RANK=1" in line
-    assert "CUDA_VISIBLE_DEVICES" not in line  # the host's own devices apply
+        assert secret not in line and secret not in sent
+    assert "NCCL_SOCKET_IFNAME==ens3" in sent and "RANK=1" in sent
+    assert "NCCL_SOCKET_IFNAME" not in line and "RANK=" not in line
+    assert "CUDA_VISIBLE_DEVICES" not in sent  # the host's own devices apply

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from testbed.cluster.lab import kill_group_script, poll_status_line
-from testbed.cluster.ssh import command_line, detached_command_line
+from testbed.cluster.ssh import command_line, detached_command_line, env_file_text, private_dir_line
 from testbed.errors import InputError, LaunchError
 
 NASTY = [
@@ -54,25 +54,58 @@ def test_cwd_with_metacharacters_is_one_directory(tmp_path):
 
 
 def test_detached_command_writes_pid_rc_and_log(tmp_path):
-    log, pid, rc = tmp_path / "logs" / "r.log", tmp_path / "p" / "r.pid", tmp_path / "p" / "r.rc"
-    line = detached_command_line(
-        ["sh", "-c", 'echo "out $A"; exit 5'],
-        env={"A": "x;y"},
-        cwd=str(tmp_path),
-        log_path=log,
-        pid_path=pid,
-        rc_path=rc,
-        marker="TESTBED_LAB_TOKEN=t1",
-    )
-    assert _sh(line).returncode == 0
+    """The process's files live in the private directory made just before; its environment arrives on stdin (never
+    on the command line), is sourced and the 0600 file deleted before the program starts."""
+    import os
+    import stat
     import time
 
+    d = tmp_path / "run" / "tb-c-h0-abc"
+    line = (
+        private_dir_line(tmp_path / "run", d.name)
+        + " && "
+        + detached_command_line(
+            ["sh", "-c", 'echo "out $A"; exit 5'], run_dir=d, cwd=str(tmp_path), marker="TESTBED_LAB_TOKEN=t1"
+        )
+    )
+    assert "x;y" not in line and "secret" not in line
+    env = env_file_text({"A": "x;y", "B": "secret $(touch pwned)\n'q'"})
+    res = subprocess.run(["sh", "-c", line], input=env, capture_output=True, timeout=10)
+    assert res.returncode == 0, res.stderr
+    assert stat.S_IMODE(os.lstat(d).st_mode) == 0o700
     deadline = time.monotonic() + 10
-    while not (rc.exists() and rc.read_text().strip()) and time.monotonic() < deadline:
+    while not ((d / "rc").exists() and (d / "rc").read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert rc.read_text().strip() == "5"
-    assert log.read_text() == "out x;y\n"
-    assert int(pid.read_text()) > 1
+    assert (d / "rc").read_text().strip() == "5"
+    assert (d / "log").read_text() == "out x;y\n"
+    assert int((d / "pid").read_text()) > 1
+    assert not (d / "env").exists() and not (tmp_path / "pwned").exists()
+    # the same name again (planted, or reused) is refused; the environment is never written there
+    again = _sh(private_dir_line(tmp_path / "run", d.name))
+    assert again.returncode == 3 and "exists already" in again.stderr
+    with pytest.raises(InputError, match="environment variable name"):
+        env_file_text({"X;touch /tmp/x": "1"})
+
+
+def test_private_dir_refuses_a_run_dir_of_another_user_or_a_link(tmp_path):
+    os_ = __import__("os")
+    if os_.geteuid() != 0:
+        pytest.skip("needs root: chowns a directory to another uid")
+    other = tmp_path / "other"
+    other.mkdir()
+    os_.chown(other, 65534, 65534)
+    res = _sh(private_dir_line(other, "tb-c-x"))
+    assert res.returncode == 3 and "belongs to another user" in res.stderr and not (other / "tb-c-x").exists()
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    res = _sh(private_dir_line(loose, "tb-c-x"))
+    assert res.returncode == 3 and "writable by others and not sticky" in res.stderr
+    link = tmp_path / "link"
+    link.symlink_to(other)
+    os_.lchown(link, 65534, 65534)
+    res = _sh(private_dir_line(link, "tb-c-x"))
+    assert res.returncode == 3 and "link made by another user" in res.stderr
 
 
 def test_kill_group_script_refuses_bad_groups():
