@@ -148,9 +148,12 @@ def test_sbatch_up_slurm_and_two_host_run(slurm, tmp_path):
     try:
         state = wait_for(lambda: (s := slurm.job_state(job)) in END_STATES and s, 400, f"job {job} to end", 0.5)
     finally:
-        shutil.rmtree(f"{DEFAULT_RUN_DIR}/{name}", ignore_errors=True)  # the ranks' run dir (no inventory: the default)
+        leftover = sorted(Path(DEFAULT_RUN_DIR).glob(f"tb-{name}.*"))  # the attempt's private dir (no inventory)
+        for d in leftover:
+            shutil.rmtree(d, ignore_errors=True)
     out = _job_output(tmp_path)
     assert state == "COMPLETED", out
+    assert not leftover  # fetched, then removed from the node
     up = json.loads((tmp_path / "up.json").read_text())
     assert up["backend"] == "slurm" and up["slurm_job"] == job
     assert [h["name"] for h in up["hosts"]] == list(slurm.nodes.values())
