@@ -241,6 +241,7 @@ def _apply_offload(dev: str, shape: LinkShape, peers: classify.Peers, args: argp
 
 
 def cmd_clear(args: argparse.Namespace) -> dict[str, Any]:
+    commit_confirm.check_device(args.dev, args.netns)  # before any state is touched
     cancelled = commit_confirm.cancel(args.dev, netns=args.netns, base=args.state_dir)
     egress = tc.clear(args.dev, netns=args.netns)
     egress = tc.clear_offload_classifier(args.dev, netns=args.netns) or egress

@@ -191,7 +191,7 @@ def _stop_timer(record: dict[str, Any], path: Path) -> None:
             os.kill(record["timer_pid"], signal.SIGTERM)
 
 
-def _check_device(dev: str, netns: str | None) -> None:
+def check_device(dev: str, netns: str | None) -> None:
     """InputError (naming the interfaces there are) unless `dev` exists in `netns`: before any record is touched."""
     with tc._ipr(netns) as ipr:
         tc._index(ipr, caller.check_dev(dev), netns)
@@ -262,7 +262,7 @@ def confirm(dev: str, *, netns: str | None = None, base: str | Path | None = Non
     """Keep the pending change of `dev`: remove the record and end its timer. Raises if the timer already fired."""
     sdir = state_dir(netns, base)
     path = _record_path(sdir, dev)
-    _check_device(dev, netns)
+    check_device(dev, netns)
     with _locked(sdir):
         record = _read(path)
         if record is None:
@@ -296,7 +296,7 @@ def rollback(dev: str, *, netns: str | None = None, base: str | Path | None = No
     """Restore the state before the pending change of `dev` now (the controller saw another host fail)."""
     sdir = state_dir(netns, base)
     path = _record_path(sdir, dev)
-    _check_device(dev, netns)
+    check_device(dev, netns)
     with _locked(sdir):
         record = _read(path)
         if record is None or record["status"] != "pending":

@@ -86,7 +86,7 @@ def test_helper_imports_only_the_project_and_sudoers_names_only_it(tmp_path):
 
     helper = tmp_path / "testbed-shaping"
     helper.write_text(_render("testbed-shaping.sh.j2", testbed_host_project_dir=str(REPO),
-                              testbed_host_python=sys.executable))  # fmt: skip
+                              testbed_host_python=sys.executable, testbed_host_data_iface="eth0"))  # fmt: skip
     helper.chmod(0o755)
     trap = tmp_path / "cwd" / "shaping"  # a `shaping` package where the caller stands must not be what runs
     trap.mkdir(parents=True)
@@ -97,11 +97,16 @@ def test_helper_imports_only_the_project_and_sudoers_names_only_it(tmp_path):
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(trap.parent)})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["dry_run"] is True
+    other = subprocess.run([str(helper), "apply", "--dev", "eth1", "--bw", "1gbit", "--dry-run"], capture_output=True,
+                           text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert other.returncode == 2 and "only the host's data NIC (eth0)" in other.stderr  # pinned to the data NIC
     rule = _render("testbed-shaping.sudoers.j2", testbed_host_shaping_sudo_users=["alice", "bob"],
                    testbed_host_shaping_helper="/usr/local/sbin/testbed-shaping")  # fmt: skip
     lines = [ln for ln in rule.splitlines() if ln and not ln.startswith("#")]
-    assert lines == ["alice ALL=(root) NOPASSWD: /usr/local/sbin/testbed-shaping",
-                     "bob ALL=(root) NOPASSWD: /usr/local/sbin/testbed-shaping"]  # fmt: skip
+    h = "/usr/local/sbin/testbed-shaping"
+    commands = ", ".join(f"{h} {c} *" for c in ("apply", "confirm", "rollback", "clear", "show"))  # no kernel-check
+    assert lines == [f"Defaults!{h} env_reset, !setenv", f"alice ALL=(root) NOPASSWD: {commands}",
+                     f"bob ALL=(root) NOPASSWD: {commands}"]  # fmt: skip
 
 
 @pytest.mark.parametrize("value", ["maybe", "2"])
