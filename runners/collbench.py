@@ -6,8 +6,8 @@ Started like a training rank (torchrun's environment, read with ``RankEnv``; arg
 
 Per message size n (bytes; the all-gather's *output*, each rank contributing n / p, as nccl-tests counts it) and per
 collective, every timed repetition is: barrier, start the wall clock and the process CPU clock (all threads, user +
-system: gloo's own threads and the kernel's socket work done on our behalf), the collective (and a CUDA synchronise
-on GPU), stop both clocks. Rank 0 gathers every rank's times and writes one JSON file:
+system: gloo's own threads and the kernel's socket work done on our behalf), the collective (and, on GPU, a
+synchronise of the stream it ran on), stop both clocks. Rank 0 gathers every rank's times and writes one JSON file:
 
   wall_s: per repetition the slowest rank's wall time (a collective ends when its last rank is done)
   cpu_s:  per repetition the mean over ranks of the CPU time the rank's process spent (the host cost of the
@@ -27,6 +27,7 @@ and the local probe: median seconds of ``x.add_(y)`` (a reduction) and ``x.copy_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -94,18 +95,26 @@ def _stream_probe(dist, torch, device, step, steps: int, op, sync, barrier) -> t
     done = threading.Event()
     spans: list[tuple[float, float]] = []
     failed: list[BaseException] = []
+    # CUDA: the stream of collectives runs on a CUDA stream of its own (after what the compute's stream made) and
+    # each collective is timed by syncing that stream only; the steps sync only theirs (`sync`: the current stream)
+    own = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+    if own is not None:
+        own.wait_stream(torch.cuda.current_stream(device))
 
     def stream() -> None:
         try:
-            while True:
-                flag = torch.tensor([1.0 if done.is_set() else 0.0], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                if flag.item() > 0:
-                    return
-                s = time.perf_counter()
-                op()
-                sync()
-                spans.append((s, time.perf_counter()))
+            if own is not None:
+                torch.cuda.set_device(device)  # the current device is per thread
+            with torch.cuda.stream(own) if own is not None else contextlib.nullcontext():
+                while True:
+                    flag = torch.tensor([1.0 if done.is_set() else 0.0], device=device)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    if flag.item() > 0:  # a copy on this stream, waited for: this stream only
+                        return
+                    s = time.perf_counter()
+                    op()
+                    sync()  # the current stream: this thread's own (so the tensors the compute's stream made are
+                    spans.append((s, time.perf_counter()))  # free again when the thread ends: no record_stream)
         except BaseException as e:  # noqa: BLE001  re-raised in the main thread
             failed.append(e)
 
@@ -163,8 +172,10 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
     gather_op = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
     def sync() -> None:
+        """Wait for the calling thread's current CUDA stream (never the whole device: the contention probe's
+        collectives run on a stream of their own beside the compute)."""
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            torch.cuda.current_stream(device).synchronize()
 
     def barrier() -> None:
         dist.barrier(device_ids=[device.index]) if device.type == "cuda" else dist.barrier()

@@ -1,6 +1,7 @@
 """Single-process profile of a model and of compressors, for the performance model (testbed/perfmodel.py).
 
-``profile_model(...)`` runs on one rank (a world-size-1 gloo group on a FileStore when no group exists), measures
+``profile_model(...)`` runs on one rank (a world-size-1 gloo group on a FileStore when no group exists; on CUDA no
+collective runs at all: DDP's hook and the codecs' collectives are the identity they are on one rank), measures
 forward / backward / optimizer medians, DDP's buckets (in reduction order, with the time after backward start at
 which DDP hands each to the hook), and, per compressor, each bucket's payload bytes and encode / decode medians
 (by running the compressor's hook on copies of the real gradient buckets), and ``compute_jitter_s``, the
@@ -16,6 +17,7 @@ and each compressor's encode / decode measured in place while every process trai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -31,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from runners import compressors as registry
 from runners.buckets import BucketRecorder
-from runners.compressors.base import FlatBucket
+from runners.compressors.base import FlatBucket, completed_future
 from runners.models import build, make_optimizer
 from runners.timing import Clock, last_grad_marks, lockstep_skew, slowest_rank_steps
 from runners.train import PHASES
@@ -109,7 +111,8 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
               gradient_as_bucket_view=True)  # fmt: skip
     recorder = BucketRecorder(clock)
     base_state, base_hook = registry.get("syncsgd", builtin=False)
-    ddp.register_comm_hook(base_state, recorder.wrap(base_hook))
+    # CUDA: no collective at all (gloo would copy every bucket to the host and back, inside backward)
+    ddp.register_comm_hook(base_state, recorder.wrap(identity_hook if dev.type == "cuda" else base_hook))
     opt = make_optimizer(ddp.parameters(), 1e-3)
     fwd, bwd, optim, ready = [], [], [], {}
     step, total = 0, 2 + iters
@@ -154,8 +157,65 @@ def _run(model, batch_size, names, states, image_size, seq_len, iters, bucket_ca
     }
     for name in names:
         state, hook = states[name]
-        result["compressors"][name] = profile_hook(state, hook, infos, grads, iters, clock)
+        # CUDA: the codecs' collectives as what they are on one rank, the identity (no gloo copy to the host); a
+        # plugin's collectives go through gloo still (its byte counters wrap torch.distributed's own functions)
+        local = dev.type == "cuda" and not hasattr(state, "inner")
+        with local_collectives() if local else contextlib.nullcontext():
+            result["compressors"][name] = profile_hook(state, hook, infos, grads, iters, clock)
     return result
+
+
+def identity_hook(state, bucket) -> torch.futures.Future:
+    """DDP's comm hook for a world of one rank without a collective: the average over one rank is the bucket."""
+    return completed_future(bucket.buffer())
+
+
+class _DoneWork:
+    """What an async collective returns, for a collective that is the identity on one rank: already done."""
+
+    def __init__(self, tensors: list) -> None:
+        self._tensors = tensors
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        t = self._tensors[0]
+        fut = torch.futures.Future(devices=[t.device]) if t.is_cuda else torch.futures.Future()
+        fut.set_result(self._tensors)
+        return fut
+
+
+@contextlib.contextmanager
+def local_collectives():
+    """All-reduce and all-gather as they are on a world of one rank (the identity, a copy for the gather), with no
+    process group involved: the solo profile on CUDA measures the codecs' compute, not gloo's device-to-host copies.
+    Only for a process whose every collective meanwhile is on a world-size-1 group (the solo profile)."""
+    from runners.compressors import base
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        return _DoneWork([tensor]) if async_op else None
+
+    def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+        output_tensor.view(-1).copy_(input_tensor.reshape(-1))
+        return _DoneWork([output_tensor]) if async_op else None
+
+    fake = {"all_reduce": all_reduce, "all_gather_into_tensor": all_gather_into_tensor,
+            "all_gather_single": all_gather_into_tensor}  # fmt: skip
+    saved = {name: getattr(dist, name) for name in fake if hasattr(dist, name)}
+    saved_base = base._all_gather_single
+    try:
+        for name in saved:
+            setattr(dist, name, fake[name])
+        base._all_gather_single = all_gather_into_tensor
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+        base._all_gather_single = saved_base
 
 
 MIN_MEASURED_S = 2.0  # measure at least this much compute: a 40 ms step's median of 10 moves by a millisecond
@@ -330,7 +390,7 @@ def _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_
               gradient_as_bucket_view=True, process_group=own_group)  # fmt: skip
     recorder = BucketRecorder(clock)
     base_state, base_hook = registry.get("syncsgd", process_group=own_group, builtin=False)
-    ddp.register_comm_hook(base_state, recorder.wrap(base_hook))
+    ddp.register_comm_hook(base_state, recorder.wrap(identity_hook if dev.type == "cuda" else base_hook))
     opt = make_optimizer(ddp.parameters(), 1e-3)
     out: dict = {"forward_s": [], "backward_s": [], "optimizer_s": [], "step_s": [], "ready_at_s": {}}
     step, total = 0, 2 + iters

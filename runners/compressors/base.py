@@ -304,12 +304,22 @@ def _finish(state: CompressorState, work, index: int, decode, result: torch.Tens
 
     def chained(fut):
         fut.value()  # completed: raises the collective's error, never blocks
+        # CUDA: this runs on a stream the future took from the pool, after it waited on the collective's events;
+        # DDP waits on the chained future's event recorded there. The result is used on this stream: mark it.
+        record_on_current_stream(result)
         t2 = stats.start()
         out = decode(result)
         stats.stop("decode", index, t2, critical=False)
         return out
 
     return work.get_future().then(chained)
+
+
+def record_on_current_stream(*tensors: torch.Tensor) -> None:
+    """Mark CUDA tensors as used by the current stream (``record_stream``); nothing for CPU tensors."""
+    for t in tensors:
+        if t.is_cuda:
+            t.record_stream(torch.cuda.current_stream(t.device))
 
 
 def allreduce_mean_async(state: CompressorState, bucket) -> torch.futures.Future:
@@ -376,37 +386,72 @@ class CommWorker:
     worker's. Since the jobs arrive in bucket order on every rank and one thread runs them one after the other, every
     rank issues every round in bucket order. A job is ``fn()``; its result (or exception) completes the future
     ``submit`` returned. The worker blocks in ``work.wait()`` on its own thread, never in a future callback.
+
+    CUDA (see docs/compressors.md, "Which stream each phase runs on"): the hook runs on the autograd thread with the
+    backward stream current, and NCCL's ``work.wait()`` makes the *current* stream wait for the network. So the worker
+    runs every job on a stream of its own (one per device), never on the hook's:
+      1. ``submit`` records an event on the hook's stream after the encode it enqueued; the worker's stream waits on
+         it before the job's first kernel (the rounds read what the encode wrote);
+      2. every tensor that crosses (``crossing``: made on the hook's stream, used on the worker's) is marked with
+         ``record_stream``, so the caching allocator never hands its memory to the hook's stream while the worker's
+         kernels may still use it;
+      3. the future is CUDA-aware (``devices=[device]``) and completed on the worker's stream: ``set_result`` records
+         an event there (and marks the result's storage), and DDP's ``wait`` makes its stream wait on that event, as
+         with PyTorch's own futures. Backward's later kernels never wait for a round.
+    On CPU none of this touches ``torch.cuda``.
     """
 
     def __init__(self, process_group=None, device: torch.device | None = None) -> None:
         ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
         self.group = dist.new_group(ranks=ranks)
         self.device = device
+        self._streams: dict = {}  # device -> the worker's CUDA stream on it (made by the worker thread)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="gc-comm-worker", daemon=True)
         self._thread.start()
 
-    def submit(self, fn, device: torch.device) -> torch.futures.Future:
-        fut = torch.futures.Future(devices=[device]) if device.type == "cuda" else torch.futures.Future()
-        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        self._jobs.put((fn, fut, stream))
+    def submit(self, fn, device: torch.device, crossing=()) -> torch.futures.Future:
+        """Queue ``fn``; returns the future it completes. ``crossing``: CUDA tensors the hook made (on its stream)
+        that ``fn`` uses on the worker's stream."""
+        if device.type != "cuda":
+            fut = torch.futures.Future()
+            self._jobs.put((fn, fut, None, None, ()))
+            return fut
+        fut = torch.futures.Future(devices=[device])
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))  # after the encode this hook enqueued
+        self._jobs.put((fn, fut, device, ready, tuple(crossing)))
         return fut
+
+    def stream(self, device: torch.device):
+        """The worker's own stream on ``device`` (call from the worker thread)."""
+        key = (device.type, device.index)
+        if key not in self._streams:
+            self._streams[key] = torch.cuda.Stream(device=device)
+        return self._streams[key]
 
     def _run(self) -> None:
         while True:
             item = self._jobs.get()
             if item is None:
                 return
-            fn, fut, stream = item
-            try:
-                if stream is not None:
-                    torch.cuda.set_device(stream.device)
-                    with torch.cuda.stream(stream):  # the hook's stream: the encode it enqueued is ordered before
-                        fut.set_result(fn())
-                else:
-                    fut.set_result(fn())
-            except BaseException as e:  # the hook's future carries the error to DDP
-                fut.set_exception(e)
+            self.run_job(*item)
+
+    def run_job(self, fn, fut, device, ready, crossing) -> None:
+        """One job, on the worker thread: on CPU as is; on CUDA on the worker's stream (steps 1-3 above)."""
+        try:
+            if ready is None:
+                fut.set_result(fn())
+                return
+            torch.cuda.set_device(device)
+            stream = self.stream(device)
+            with torch.cuda.stream(stream):
+                stream.wait_event(ready)
+                for t in crossing:
+                    t.record_stream(stream)
+                fut.set_result(fn())  # records the completion event on this (the worker's) stream
+        except BaseException as e:  # the hook's future carries the error to DDP
+            fut.set_exception(e)
 
     def close(self, timeout_s: float = 60.0) -> None:
         self._jobs.put(None)

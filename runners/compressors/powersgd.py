@@ -150,7 +150,7 @@ def powersgd_hook(state: PowerSGDState, bucket: dist.GradBucket) -> torch.future
     if state.worker is None:
         state.worker = CommWorker(state.process_group)
     group = state.worker.group
-    fut = state.worker.submit(lambda: job.run(group, critical=False), buf.device)
+    fut = state.worker.submit(lambda: job.run(group, critical=False), buf.device, crossing=job.tensors())
     stats.end_hook()
     return fut
 
@@ -215,6 +215,11 @@ class _Job:
         for off, k in vecs:
             self.ubuf[uo : uo + k].copy_(buf[off : off + k])
             uo += k
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """What the encode made or wrote (on the hook's stream) that the rounds use (on the worker's)."""
+        out = (self.buf, self.pbuf, self.qbuf, self.ubuf) + ((self.inp,) if self.inp is not None else ())
+        return tuple(t for t in out if t.is_cuda)
 
     def run(self, group, critical: bool) -> torch.Tensor:
         """The communication rounds and the work between them, in order; returns the averaged bucket."""

@@ -336,3 +336,29 @@ def test_every_compressor_learns_the_synthetic_task(trained, key):
     assert losses[0] > 2.0
     final = sum(losses[-4:]) / 4
     assert final < LOSS_THRESHOLD, f"{key}: loss {losses[0]:.3f} -> {final:.3f} after {TRAIN_STEPS} steps"
+
+
+def _cpu_touches_no_cuda_worker(rank, world):
+    """Every overlapping hook (the PowerSGD worker, the chained decodes) with torch.cuda's stream and event calls made
+    to raise: on CPU tensors the CUDA stream handling must not run. Overlap off gives the reference (bitwise equal)."""
+
+    def boom(name):
+        def touched(*a, **k):
+            raise AssertionError(f"torch.cuda.{name} called on CPU")
+
+        return touched  # one function per name (torch._dynamo refuses one object under two torch names)
+
+    for name in ("current_stream", "Event", "Stream", "set_device", "stream", "synchronize"):
+        setattr(torch.cuda, name, boom(name))
+    out = {}
+    for name, opts in (("powersgd", {"rank": 2, "min_compression_rate": 0.0}), ("fp16", {}), ("topk", {"ratio": 0.1}),
+                       ("signsgd", {})):  # fmt: skip
+        on = _grads_after(name, {**opts, "overlap": True}, rank, "mlp", TINY_CAP_MB, steps=3)["grads"]
+        off = _grads_after(name, {**opts, "overlap": False}, rank, "mlp", TINY_CAP_MB, steps=3)["grads"]
+        out[name] = all(torch.equal(a, b) for a, b in zip(on, off, strict=True))
+    return out
+
+
+def test_overlapping_hooks_on_cpu_touch_no_cuda_and_equal_the_blocking_mode():
+    for rank_result in run_world(_cpu_touches_no_cuda_worker, 2):
+        assert rank_result == {"powersgd": True, "fp16": True, "topk": True, "signsgd": True}

@@ -153,3 +153,89 @@ def test_mstopk_bisection_brackets_the_target():
     t_le, t_gt = bisect(s, 100, 20)
     assert int((s >= t_le).sum()) <= 100 < int((s >= t_gt).sum())
     assert float(t_le - t_gt) < 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ CUDA streams
+def _bare_worker():
+    """A CommWorker without its thread and group: submit() and run_job() called directly (the logic under test)."""
+    import queue
+
+    from runners.compressors.base import CommWorker
+
+    w = CommWorker.__new__(CommWorker)
+    w._jobs, w._streams, w.group, w.device = queue.SimpleQueue(), {}, None, None
+    return w
+
+
+def test_comm_worker_on_cpu_touches_no_cuda(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("torch.cuda touched for a CPU job")
+
+    for name in ("current_stream", "Event", "Stream", "set_device", "stream", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, boom)
+    w = _bare_worker()
+    fut = w.submit(lambda: torch.ones(2), torch.device("cpu"))
+    w.run_job(*w._jobs.get())
+    assert torch.equal(fut.wait(), torch.ones(2))
+
+
+def test_comm_worker_runs_a_cuda_job_on_its_own_stream_after_the_hooks_event(monkeypatch):
+    """GPUs cannot exist here: streams, events and the CUDA-aware future are stand-ins that log what the worker does
+    with them, in order. What must hold: the event is recorded on the hook's stream at submit; the job runs with the
+    worker's stream current, after that stream waited on the event; every crossing tensor is recorded on the worker's
+    stream before the job; the future completes on the worker's stream (so DDP waits on it, not the other way)."""
+    import contextlib
+
+    log: list[tuple] = []
+    current = {"s": None}
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_event(self, ev):
+            log.append(("wait", self.name, ev.on))
+
+    class Event:
+        def record(self, stream):
+            self.on = stream.name
+            log.append(("record", stream.name))
+
+    class Future:
+        def __init__(self, devices=None):
+            self.devices = devices
+
+        def set_result(self, value):
+            log.append(("complete", current["s"].name))
+
+        def set_exception(self, e):
+            raise e
+
+    class Crossing:
+        def record_stream(self, stream):
+            log.append(("record_stream", stream.name))
+
+    @contextlib.contextmanager
+    def stream_ctx(s):
+        old, current["s"] = current["s"], s
+        try:
+            yield
+        finally:
+            current["s"] = old
+
+    current["s"] = Stream("hook")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current["s"])
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream("worker"))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: log.append(("set_device", str(d))))
+    monkeypatch.setattr(torch.cuda, "stream", stream_ctx)
+    monkeypatch.setattr(torch.futures, "Future", Future)
+    w = _bare_worker()
+    dev = torch.device("cuda", 0)
+    fut = w.submit(lambda: log.append(("job", current["s"].name)), dev, crossing=(Crossing(), Crossing()))
+    assert fut.devices == [dev] and log == [("record", "hook")]  # at submit, on the hook's stream
+    w.run_job(*w._jobs.get())
+    assert log == [("record", "hook"), ("set_device", "cuda:0"), ("wait", "worker", "hook"),
+                   ("record_stream", "worker"), ("record_stream", "worker"), ("job", "worker"),
+                   ("complete", "worker")]  # fmt: skip
+    assert current["s"].name == "hook"  # the worker's stream was current only for the job

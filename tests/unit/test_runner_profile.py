@@ -56,3 +56,48 @@ def test_profile_command_line_writes_the_profile_and_refuses_bad_options(tmp_pat
     assert data["model"] == "mlp" and set(data["compressors"]) >= {"syncsgd", "powersgd"}
     assert profile.main(["--model", "mlp", "--batch-size", "4", "--opt", "rank=2", "--out", str(tmp_path / "q")]) == 2
     assert "is not NAME.KEY=VALUE" in capsys.readouterr().err
+
+
+def test_local_collectives_are_the_identity_of_one_rank_and_issue_nothing(tmp_path, monkeypatch):
+    """What the CUDA profile runs its codecs under (GPUs cannot exist here: the same on CPU tensors): every hook gives
+    the result it gives over a real one-rank gloo group, and torch.distributed's own collectives are never called."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from runners import compressors
+    from runners.compressors import FlatBucket
+    from runners.profile import local_collectives
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))  # fmt: skip
+    try:
+        shapes = [(16, 8), (8,), (4, 4)]
+        g = torch.randn(16 * 8 + 8 + 16, generator=torch.Generator().manual_seed(3))
+
+        def reduce_once(name, opts):
+            state, hook = compressors.get(name, **opts)
+            state.iter = state.warmup_iters
+            try:
+                return hook(state, FlatBucket(0, g.clone(), shapes, True)).wait().clone(), state.stats.payload_bytes
+            finally:
+                state.close()
+
+        cases = [("powersgd", {"rank": 2, "min_compression_rate": 0.0}), ("topk", {"ratio": 0.25}), ("fp16", {}),
+                 ("signsgd", {}), ("syncsgd", {"builtin": False})]  # fmt: skip
+        want = [reduce_once(n, o) for n, o in cases]
+        issued = []
+        for name in ("all_reduce", "all_gather_into_tensor"):
+            real = getattr(dist, name)
+            monkeypatch.setattr(dist, name, lambda *a, _real=real, _n=name, **k: issued.append(_n) or _real(*a, **k))
+        with local_collectives():
+            got = [reduce_once(n, o) for n, o in cases]
+        assert issued == []
+        for (name, _), (gt, gb), (wt, wb) in zip(cases, got, want, strict=True):
+            assert torch.equal(gt, wt) and gb == wb, name
+        reduce_once("syncsgd", {"builtin": False})
+        assert issued == ["all_reduce"]  # restored on the way out
+    finally:
+        dist.destroy_process_group()
