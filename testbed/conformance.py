@@ -1,7 +1,8 @@
 """`testbed check-compressor SPEC`: does a compressor hook behave on real gloo ranks, many buckets and uneven ranks?
 
 Starts `world_size` processes of ``python -m runners.conformance`` on this machine (gloo over loopback, a FileStore
-rendezvous in a temporary directory, an allowlisted environment with the plugin path as PYTHONPATH), each a small
+rendezvous in a temporary directory, an allowlisted environment with the plugin path and the code root as PYTHONPATH,
+`python -P` in a fixed working directory: nothing of the user's current directory is imported), each a small
 DDP job of 22 buckets with per-rank random delays in backward and before every collective, waits for them under a
 deadline, kills them (by process group) when it passes, and judges what they wrote:
 
@@ -83,8 +84,9 @@ def _env(plugin_path: str | None) -> dict[str, str]:
     env = forwarded_env(os.environ)
     env.update(PATH=os.environ.get("PATH", os.defpath), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
                MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # fmt: skip
-    if plugin_path:
-        env["PYTHONPATH"] = plugin_path
+    from testbed.plugins import plugin_pythonpath
+
+    env["PYTHONPATH"] = plugin_pythonpath(plugin_path)
     return env
 
 
@@ -129,13 +131,13 @@ def run_ranks(spec: str, options: dict[str, Any], plugin_path: str | None, *, wo
         collective_timeout = max(5.0, min(20.0, timeout_s / 3))
         procs = []
         for rank in range(world_size):
-            argv = [sys.executable, "-m", "runners.conformance", "--spec", spec, "--store", str(out / "store"),
+            argv = [sys.executable, "-P", "-m", "runners.conformance", "--spec", spec, "--store", str(out / "store"),
                     "--rank", str(rank), "--world-size", str(world_size), "--out", str(out), "--steps", str(steps),
                     "--collective-timeout-s", f"{collective_timeout:g}", "--seed", str(seed)]  # fmt: skip
             for key, value in options.items():
                 argv += ["--opt", f"{key}={json.dumps(value)}"]
             log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below, after the process ends
-            procs.append((subprocess.Popen(argv, env=_env(plugin_path), stdout=log, stderr=subprocess.STDOUT,
+            procs.append((subprocess.Popen(argv, env=_env(plugin_path), cwd=out, stdout=log, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, start_new_session=True), log))  # fmt: skip
         deadline = time.monotonic() + timeout_s
         reason = None

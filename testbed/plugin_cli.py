@@ -32,7 +32,8 @@ def add_plugin_flags(p: argparse.ArgumentParser) -> None:
                    help="a compressor option (repeatable), e.g. --opt ratio=0.05; a plugin checks its own")  # fmt: skip
     p.add_argument("--plugin-path", metavar="DIR",
                    help="directory of a MODULE:FACTORY plugin: recorded with the trial and given to every rank as "
-                   "its PYTHONPATH (nothing else of this shell's environment reaches a rank)")  # fmt: skip
+                   "its PYTHONPATH (nothing else of this shell's environment reaches a rank). A plugin is code: "
+                   "in local mode it runs as root (checks and ranks); name only a directory only you can write")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- compressors
@@ -103,7 +104,8 @@ def add_commands(sub) -> None:
         description="Run a compressor on real gloo ranks on this machine (loopback), >= 20 DDP buckets, per-rank "
         "random delays; one line per check; exit 0 only if every check passes, 1 if one fails, 2 for bad input.",
     )
-    p.add_argument("spec", metavar="SPEC", help="a built-in name, an installed plugin's name, or MODULE:FACTORY")
+    p.add_argument("spec", metavar="SPEC", help="a built-in name, an installed plugin's name, or MODULE:FACTORY "
+                   "(code: it runs with this command's privileges, as root under sudo)")  # fmt: skip
     add_plugin_flags(p)
     p.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--steps", type=int, default=4, help="steps after the compressor's warm-up (default 4)")

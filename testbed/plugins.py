@@ -1,9 +1,11 @@
 """Compressor plugins on the controller: find them, check them before anything starts, check the hosts have them.
 
-A plugin spec is ``MODULE:FACTORY`` (runners/plugins.py has the contract). The controller never imports a plugin
-itself (it may import torch): ``inspect`` runs ``python -m runners.plugins describe`` in a subprocess with the plugin
-directory as its only PYTHONPATH entry, so the plugin's own one-line ValueErrors about its options become InputErrors
-(exit 2) before any cluster is touched. ``check_hosts`` runs an import of the module on every host of a trial
+A plugin spec is ``MODULE:FACTORY`` (runners/plugins.py has the contract). A plugin is code: in local mode it runs as
+root, in the describe subprocess, the conformance ranks and every rank of a trial. The controller never imports a
+plugin itself (it may import torch): ``inspect`` runs ``python -P -m runners.plugins describe`` in a subprocess, in a
+fixed working directory, with the plugin directory and this controller's code root as its PYTHONPATH (nothing of the
+user's current directory is importable there), so the plugin's own one-line ValueErrors about its options become
+InputErrors (exit 2) before any cluster is touched. ``locate`` finds its source without importing it (`--dry-run`). ``check_hosts`` runs an import of the module on every host of a trial
 through the cluster's ``run`` and compares the source's sha256 with the controller's (lab hosts must have the same
 plugin at the same path). Installed plugins are named by entry points of the group ``gc_testbed.compressors``.
 """
@@ -22,6 +24,19 @@ from testbed.errors import InputError, LaunchError
 
 DESCRIBE_TIMEOUT_S = 180.0
 HOST_CHECK_TIMEOUT_S = 120.0
+CODE_ROOT = Path(catalog.__file__).resolve().parents[1]  # the folder holding the runners/ this controller imports
+SAFE_CWD = "/"  # the working directory of plugin subprocesses: nothing there is imported (-P) or written
+
+
+def python_argv(*args: str) -> list[str]:
+    """This interpreter with `-P`: neither the current directory nor a script's folder goes on sys.path, so a
+    `runners/` package or a `json.py` where the user stands is never imported (it would run as root)."""
+    return [sys.executable, "-P", *args]
+
+
+def plugin_pythonpath(plugin_path: str | None) -> str:
+    """The PYTHONPATH of a plugin subprocess: the plugin directory (what the ranks get), then the code root."""
+    return ":".join(p for p in (plugin_path, str(CODE_ROOT)) if p)
 
 
 def entry_points() -> dict[str, str]:
@@ -53,12 +68,35 @@ def check_plugin_path(text: str | None, flag: str = "--plugin-path") -> str | No
 
 
 def describe_env(plugin_path: str | None) -> dict[str, str]:
-    """The environment of a describe subprocess: this one's, with PYTHONPATH replaced by the plugin path only."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    """The environment of a describe subprocess: this one's, with PYTHONPATH replaced by the plugin path and the
+    code root (`plugin_pythonpath`), never the caller's (an empty or relative entry there means the cwd)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME")}
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # checking a plugin leaves its directory as it was
-    if plugin_path:
-        env["PYTHONPATH"] = plugin_path
+    env["PYTHONPATH"] = plugin_pythonpath(plugin_path)
     return env
+
+
+def locate(spec: str, plugin_path: str | None) -> dict[str, Any]:
+    """Where a plugin's source is, found without importing or running anything of it (`run --dry-run`): module,
+    factory, file and sha256 when the module is a file or package under the plugin path (or, without one, a
+    top-level module on this interpreter's path); `imported` is False."""
+    import hashlib
+    import importlib.machinery
+
+    try:
+        module, factory = catalog.parse_plugin_spec(spec)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    parts = module.split(".")
+    found: Path | None = None
+    if plugin_path:
+        base = Path(plugin_path, *parts)
+        found = next((c for c in (base.with_suffix(".py"), base / "__init__.py") if c.is_file()), None)
+    elif len(parts) == 1:  # PathFinder searches sys.path's folders; it executes nothing of the module
+        where = importlib.machinery.PathFinder.find_spec(module)
+        found = Path(where.origin) if where and where.origin and Path(where.origin).is_file() else None
+    return {"module": module, "factory": factory, "file": str(found) if found else None,
+            "sha256": hashlib.sha256(found.read_bytes()).hexdigest() if found else None, "imported": False}  # fmt: skip
 
 
 def inspect(spec: str, options: dict[str, Any], plugin_path: str | None) -> dict[str, Any]:
@@ -68,12 +106,12 @@ def inspect(spec: str, options: dict[str, Any], plugin_path: str | None) -> dict
         catalog.parse_plugin_spec(spec)
     except ValueError as e:
         raise InputError(str(e)) from None
-    argv = [sys.executable, "-m", "runners.plugins", "describe", spec]
+    argv = python_argv("-m", "runners.plugins", "describe", spec)
     for key, value in options.items():
         argv += ["--opt", f"{key}={json.dumps(value)}"]
     try:
-        done = subprocess.run(argv, env=describe_env(plugin_path), capture_output=True, text=True,
-                              timeout=DESCRIBE_TIMEOUT_S, check=False)  # fmt: skip
+        done = subprocess.run(argv, env=describe_env(plugin_path), cwd=SAFE_CWD, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=DESCRIBE_TIMEOUT_S, check=False)  # fmt: skip
     except subprocess.TimeoutExpired:
         raise InputError(f"compressor {spec!r}: importing the plugin took over {DESCRIBE_TIMEOUT_S:g} s") from None
     if done.returncode != 0:
@@ -106,11 +144,11 @@ print(json.dumps({"file": f, "sha256": hashlib.sha256(open(f, "rb").read()).hexd
 
 
 def check_hosts(cluster, hosts, spec: str, plugin_path: str | None, sha256: str | None) -> None:
-    """The plugin imports on every host (through the cluster's `run`, with the plugin path the ranks get) and its
-    source is the controller's. LaunchError naming the host otherwise (before any trial starts)."""
+    """The plugin imports on every host (through the cluster's `run`, with the plugin path the ranks get, `-E -P`:
+    nothing of the environment's PYTHONPATH or the current directory) and its source is the controller's. LaunchError naming the host otherwise (before any trial starts)."""
     module, _ = catalog.parse_plugin_spec(spec)
     for host in hosts:
-        done = cluster.run(host, [sys.executable, "-E", "-c", HOST_CHECK, plugin_path or "", module],
+        done = cluster.run(host, [sys.executable, "-E", "-P", "-c", HOST_CHECK, plugin_path or "", module],
                            timeout_s=HOST_CHECK_TIMEOUT_S)  # fmt: skip
         if done.returncode != 0:
             lines = [ln for ln in (done.stderr or "").strip().splitlines() if ln.strip()]

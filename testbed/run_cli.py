@@ -170,6 +170,13 @@ def _check_plugin_hosts(cluster, trials: list[Trial], infos: dict[tuple, dict[st
             check_hosts(cluster, cluster.hosts(), spec, path, info.get("sha256"))
 
 
+def _located_plugin(trial: Trial) -> dict[str, Any] | None:
+    """A plugin's module, file and sha256 found without importing it (what `--dry-run` shows)."""
+    from testbed.plugins import locate
+
+    return locate(trial.compressor, trial.plugin_path) if catalog.is_plugin_spec(trial.compressor) else None
+
+
 def _plugin_of(trial: Trial, infos: dict[tuple, dict[str, Any]]) -> dict[str, Any] | None:
     return infos.get((trial.compressor, trial.options, trial.plugin_path))
 
@@ -265,7 +272,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         **_common(args),
     )
     store = _open_store(args.out)  # checked writable before anything is looked up or started
-    infos = _inspect_plugins([trial])
+    infos = {} if args.dry_run else _inspect_plugins([trial])  # --dry-run never imports (runs) a plugin
     cluster = _cluster_for(args, trial.world_size)
     # backend, ranks per host and world size made concrete for this cluster's hosts (exit 2 if they cannot run it)
     trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
@@ -275,7 +282,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         out = Path(args.out) / "trials" / trial.trial_id
         plan = make_plan(cluster, trial, cluster.rank_out_dir(out, trial.trial_id), timeout_s=args.timeout,
                          user_env=user_env)  # fmt: skip
-        print_json({"trial_id": trial.trial_id, "trial": trial.config(), "plugin": _plugin_of(trial, infos),
+        print_json({"trial_id": trial.trial_id, "trial": trial.config(), "plugin": _located_plugin(trial),
                     "plan": plan.to_json()})  # fmt: skip
         return 0
     stored = store.find(trial.trial_id)
@@ -562,11 +569,12 @@ def add_commands(sub) -> None:
     p.add_argument("--bw", help="link rate for this trial, e.g. 500mbit (or none)")
     p.add_argument(
         "--compressor", default="syncsgd", help="syncsgd, fp16, bf16, powersgd, acpsgd, signsgd, topk, mstopk, an "
-        "installed plugin's name (testbed compressors) or MODULE:FACTORY (with --plugin-path DIR)"
+        "installed plugin's name (testbed compressors) or MODULE:FACTORY (with --plugin-path DIR; a plugin is code, run as "
+        "root in local mode)"
     )
     p.add_argument("--world-size", type=int, help="ranks in all (default: every host x --ranks-per-host)")
     p.add_argument("--dry-run", action="store_true", help="print the launch plan (hosts, ranks, argv, environment) "
-                   "as JSON and start nothing")  # fmt: skip
+                   "as JSON and start nothing; a MODULE:FACTORY plugin is located, never imported")  # fmt: skip
     add_trial_flags(p)
     p.add_argument(
         "--rerun",
@@ -577,9 +585,11 @@ def add_commands(sub) -> None:
 
     p = sub.add_parser("sweep", help="run a grid of bandwidths x compressors x world sizes (resumable)")
     add_name(p)
-    p.add_argument("--config", help="sweep TOML file (see sweeps/)")
+    p.add_argument("--config", help="sweep TOML file (see sweeps/); it names code (MODULE:FACTORY compressors, "
+                   "plugin_path) that runs as root in local mode: use only files you trust")  # fmt: skip
     p.add_argument("--bw", help="comma-separated rates, e.g. 100mbit,1gbit")
-    p.add_argument("--compressor", help="comma-separated compressors (built-in names, plugin names, MODULE:FACTORY)")
+    p.add_argument("--compressor", help="comma-separated compressors (built-in names, plugin names, MODULE:FACTORY: "
+                   "a plugin is code, run as root in local mode)")  # fmt: skip
     p.add_argument("--world-size", help="comma-separated world sizes, e.g. 2,4")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed trial")
     p.add_argument(

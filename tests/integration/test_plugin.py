@@ -33,7 +33,7 @@ def test_plugin_runs_like_a_builtin(make_cluster, testbed_cli, cli_env, tmp_path
     assert cli_env["PYTHONPATH"].startswith(str(REPO))
     assert {r["env"]["PYTHONPATH"] for r in plan["plan"]["ranks"]} == {str(EXAMPLES)}
     assert plan["trial"]["plugin_path"] == str(EXAMPLES) and plan["trial"]["options"] == {"ratio": 0.05}
-    assert plan["plugin"]["sha256"] == RANDK_SHA and plan["plugin"]["attributes"]["COLLECTIVE"] == "allreduce"
+    assert plan["plugin"]["sha256"] == RANDK_SHA and plan["plugin"]["imported"] is False  # located, not run
 
     done = testbed_cli("run", "--name", name, "--bw", "200mbit", *plugin, *FAST, "--out", str(out), timeout_s=180)
     assert done.returncode == 0, done.stdout[-800:] + done.stderr[-800:]
