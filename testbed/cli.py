@@ -421,7 +421,8 @@ def build_parser() -> ArgumentParser:
                    "(default) or indices 0,1,... (each host gets CUDA_VISIBLE_DEVICES and its own NCCL host id)")
     p.add_argument("--verify", action="store_true", help="probe h0->h1 with iperf3 after shaping")
     p.add_argument("--inventory", help="Ansible inventory of lab hosts (instead of emulated hosts)")
-    p.add_argument("--accept-new-host-keys", action="store_true", help="lab: trust unknown SSH host keys")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="lab: trust unknown SSH host keys on first use and record them (a changed key is still refused)")
     p.add_argument("--allow-cpu", action="store_true", help="lab: accept hosts without the GPUs the inventory lists")
     p.add_argument("--no-provision", action="store_true", help="lab: skip the provision playbook")
     p.add_argument("--slurm", action="store_true", help="inside a Slurm allocation (salloc/sbatch): its nodes are the "
