@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import math
 import os
+import signal
 import sys
 
 from rich.table import Table
@@ -31,6 +32,7 @@ from testbed.cli_common import (
 )
 from testbed.cluster import backends, registry
 from testbed.errors import ClusterError, InputError, TestbedError
+from testbed.run_cli import add_wait_flag
 
 __all__ = ["ArgumentParser", "add_json", "add_name", "build_parser", "console", "main", "print_json"]
 
@@ -152,16 +154,29 @@ def _verify(cluster, shape: LinkShape | None) -> list[dict]:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
+    from testbed.cluster_lease import hold
+    from testbed.run_cli import wait_seconds
+
+    wait_s = wait_seconds(args)
     names = backends.all_cluster_names() if args.all else [registry.check_name(args.name)]
     removed_any = False
+    failed = []
     for name in names:
-        done = backends.down(name)
+        try:  # one cluster that cannot be removed (in use, broken) must not keep `--all` from the others
+            with hold(name, wait_s=wait_s, force=args.force, restore_shaping=False):
+                done = backends.down(name)
+        except TestbedError as e:
+            if not args.all:
+                raise
+            failed.append(name)
+            err_console.print(f"testbed down: cluster {name}: {e}", markup=False, highlight=False, soft_wrap=True)
+            continue
         if done:
             removed_any = True
             console.print(f"cluster [bold]{name}[/]: {done}")
-    if not removed_any:
+    if not removed_any and not failed:
         console.print("nothing to remove" if args.all else f"cluster {args.name!r} is not up; nothing to remove")
-    return 0
+    return 1 if failed else 0
 
 
 def _print_hosts(status: dict) -> None:
@@ -262,10 +277,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                 return 1
             raise ClusterError(_half_made_line(args.name, half[args.name]))
     status = backends.open_cluster(args.name).status()
+    status["in_use_by"] = registry.lease_status(args.name)  # read only: status never waits for the lease
     if args.json:
         print_json(status)
     else:
         _print_hosts(status)
+        if status["in_use_by"]:
+            console.print(f"in use by {registry.describe_holder(status['in_use_by'])}", markup=False)
     return 0
 
 
@@ -289,9 +307,13 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def _selected_hosts(cluster, spec: str | None):
-    if not spec:
+    if spec is None:
         return None
-    return [cluster.host(n.strip()) for n in spec.split(",") if n.strip()]
+    names = [n.strip() for n in spec.split(",")]
+    if not all(names):
+        raise InputError(f"--hosts {spec!r}: an empty host name; expected comma-separated names of cluster "
+                         f"{cluster.name!r}: {', '.join(h.name for h in cluster.hosts())}")
+    return [cluster.host(n) for n in names]
 
 
 def cmd_shape(args: argparse.Namespace) -> int:
@@ -320,17 +342,23 @@ def cmd_shape(args: argparse.Namespace) -> int:
             head = f"# {direction} {ns}/{ifname}" + (f" (shaped: {classify.describe(peers)})" if peers else "")
             sys.stdout.write(head + "\n" + "\n".join(lines) + "\n")
         return 0
-    if args.clear:
-        cluster.clear_shaping(hosts)
-        console.print(f"cluster {cluster.name}: shaping cleared on {'all hosts' if hosts is None else args.hosts}")
-    else:
-        cluster.apply_shaping(shape, hosts, force=args.force)
-        console.print(
-            f"cluster {cluster.name}: {shape.describe()} on "
-            f"{'every link' if hosts is None else args.hosts} (both directions)"
-        )
-    if args.verify:
-        _verify(cluster, shape)
+    from testbed.cluster_lease import hold
+    from testbed.run_cli import wait_seconds
+
+    with hold(cluster.name, wait_s=wait_seconds(args)):  # never while a trial runs on these links
+        cluster = backends.open_cluster(args.name)
+        hosts = _selected_hosts(cluster, args.hosts)
+        if args.clear:
+            cluster.clear_shaping(hosts)
+            console.print(f"cluster {cluster.name}: shaping cleared on {'all hosts' if hosts is None else args.hosts}")
+        else:
+            cluster.apply_shaping(shape, hosts, force=args.force)
+            console.print(
+                f"cluster {cluster.name}: {shape.describe()} on "
+                f"{'every link' if hosts is None else args.hosts} (both directions)"
+            )
+        if args.verify:
+            _verify(cluster, shape)
     return 0
 
 
@@ -361,15 +389,20 @@ def cmd_probe(args: argparse.Namespace) -> int:
             pairs.append((cluster.host(src), cluster.host(dst)))
     else:
         pairs = ring_pairs(hosts)[: args.max_pairs]
-    shape = cluster.recorded_shape()
-    requested = shape.rate_bps if shape else None
+    from testbed.cluster_lease import hold
+    from testbed.run_cli import wait_seconds
+
     results = []
-    with console.status("probing with iperf3...") if not args.json else contextlib.nullcontext():
-        for src, dst in pairs:
-            for s in streams:
-                results.append(
-                    probe_pair(cluster, src, dst, requested_bps=requested, duration_s=args.duration, streams=s)
-                )
+    with hold(cluster.name, wait_s=wait_seconds(args)):  # a trial's shaping or traffic would falsify the measurement
+        cluster = backends.open_cluster(args.name)
+        shape = cluster.recorded_shape()
+        requested = shape.rate_bps if shape else None
+        with console.status("probing with iperf3...") if not args.json else contextlib.nullcontext():
+            for src, dst in pairs:
+                for s in streams:
+                    results.append(
+                        probe_pair(cluster, src, dst, requested_bps=requested, duration_s=args.duration, streams=s)
+                    )
     bad = [r for r in results if not r.within(args.tolerance)]
     if args.json:
         print_json({"tolerance": args.tolerance, "results": [r.to_dict() for r in results], "ok": not bad})
@@ -433,7 +466,11 @@ def build_parser() -> ArgumentParser:
 
     p = sub.add_parser("down", help="remove everything a cluster made (idempotent; also after a crash)")
     add_name(p)
-    p.add_argument("--all", action="store_true", help="every testbed cluster on this machine")
+    p.add_argument("--all", action="store_true", help="every testbed cluster on this machine (only namespaces the "
+                   "testbed marked as its own; one that cannot be removed is reported and the others still are)")
+    p.add_argument("--force", action="store_true", help="go ahead when the cluster's lease is held by a command that "
+                   "is no longer running (a live holder is still refused)")
+    add_wait_flag(p)
     p.set_defaults(func=cmd_down)
 
     p = sub.add_parser("status", help="hosts, addresses, per-link shaping and counters")
@@ -456,6 +493,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--clear", action="store_true", help="remove shaping, restoring what was there")
     p.add_argument("--dry-run", action="store_true", help="print the equivalent tc commands, change nothing")
     p.add_argument("--verify", action="store_true", help="probe h0->h1 with iperf3 afterwards")
+    add_wait_flag(p)
     p.set_defaults(func=cmd_shape)
 
     p = sub.add_parser("probe", help="measure achieved throughput between hosts with iperf3")
@@ -471,6 +509,7 @@ def build_parser() -> ArgumentParser:
         help="every ordered pair of hosts, one at a time (n x (n-1) runs; ignores --max-pairs)",
     )
     p.add_argument("--tolerance", type=float, default=0.93, help="flag achieved/ideal below this (default 0.93)")
+    add_wait_flag(p)
     p.set_defaults(func=cmd_probe)
 
     run_cli.add_commands(sub)  # run, sweep, results
@@ -493,6 +532,8 @@ def refuse_empty_values(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # a closed SSH session, a Slurm time limit, a CI cancel: Ctrl-C
+        signal.signal(signum, _interrupted)
     try:
         refuse_empty_values(args)
         return int(args.func(args) or 0)
@@ -503,7 +544,24 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         err_console.print(f"testbed {args.command}: interrupted; what it had started was rolled back", markup=False)
-        return 130
+        return 128 + (_SIGNALLED[0] if _SIGNALLED else signal.SIGINT)
+
+
+_SIGNALLED: list[int] = []
+
+
+def _interrupted(signum, frame):
+    """SIGTERM and SIGHUP stop a command the way Ctrl-C does (what it started is rolled back); `run`, `sweep` and
+    `calibrate` replace this with launch.stop_on_signals (the trial stops at its next poll, its row stored)."""
+    if os.getpid() != _MAIN_PID:  # a child forked by a library (pyroute2's netns helper) just ends
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _SIGNALLED.append(signum)
+    raise KeyboardInterrupt
+
+
+_MAIN_PID = os.getpid()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import random
-import shutil
 import signal
 import sys
 import threading
@@ -31,6 +30,7 @@ import testbed
 from runners.contract import SUMMARY_ENV_KEYS, SUMMARY_METRICS
 from shaping.plan import ideal_goodput_bps
 from testbed import launch_plan
+from testbed.cluster import registry
 from testbed.config import Trial
 from testbed.errors import LaunchError, TestbedError
 from testbed.results import ResultsStore
@@ -39,18 +39,62 @@ METRICS = SUMMARY_METRICS  # the summary keys copied into each results row
 
 POLL_INTERVAL_S = 0.05
 LOG_TAIL_LINES = 8
-STOP = threading.Event()  # set by a Ctrl-C handler: the running trial ends at its next poll, rolled back
+STOP = threading.Event()  # set by a signal handler: the running trial ends at its next poll, rolled back
+STOPPED_BY: list[str] = []  # the name of the signal that set STOP (SIGINT shows as Ctrl-C)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def stop_on_ctrl_c() -> None:
-    """First Ctrl-C: stop the running trial cleanly (ranks killed, shaping restored, row stored as interrupted).
-    A second Ctrl-C interrupts at once."""
+def signal_label(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+def stop_on_signals() -> None:
+    """First Ctrl-C, SIGTERM or SIGHUP (a closed SSH session, a Slurm time limit, a CI cancel): stop the running
+    trial cleanly (ranks killed, shaping restored, row stored as interrupted). A second one interrupts at once."""
+
+    _MAIN_PID[:] = [os.getpid()]
 
     def handler(signum, frame):
+        if _in_forked_child(signum):
+            return
+        STOPPED_BY.append(signal_label(signum))
         STOP.set()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for s in STOP_SIGNALS:
+            signal.signal(s, _interrupt_now)
 
-    signal.signal(signal.SIGINT, handler)
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+
+
+stop_on_ctrl_c = stop_on_signals  # the old name
+
+
+def _interrupt_now(signum, frame):
+    if not _in_forked_child(signum):
+        raise KeyboardInterrupt
+
+
+_MAIN_PID: list[int] = []
+
+
+def _in_forked_child(signum: int) -> bool:
+    """A child forked by a library inherits these handlers (pyroute2 forks a helper per namespace and ends it with
+    SIGTERM): there the signal must just end the child, never run the controller's stop or rollback."""
+    if not _MAIN_PID or os.getpid() == _MAIN_PID[0]:
+        return False
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return True
+
+
+def stop_exit_code() -> int:
+    """The exit status of a command stopped by a signal: 128 + its number (Ctrl-C 130, SIGTERM 143, SIGHUP 129)."""
+    name = STOPPED_BY[0] if STOPPED_BY else "Ctrl-C"
+    return 128 + (signal.SIGINT if name == "Ctrl-C" else signal.Signals[name])
+
+
+def _stop_message() -> str:
+    return f"interrupted ({STOPPED_BY[0] if STOPPED_BY else 'Ctrl-C'}); a resumed sweep runs it again"
 
 
 class TrialFailed(LaunchError):
@@ -114,13 +158,27 @@ def run_trial(
         from testbed.plugins import row_fields
 
         row.update(row_fields(plugin, trial.plugin_path))
-    shutil.rmtree(out_dir, ignore_errors=True)
-    (out_dir / "logs").mkdir(parents=True)
+    (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+    attempt = store.reserved_attempt(trial.trial_id)
     used = list(plan.hosts)
     configured = cluster.recorded_shape()
     procs = []
+    # what the next command on this cluster needs to finish the trial if this process is killed (SIGKILL)
+    note = {"row": row, "out": str(store.root), "attempt": attempt, "hosts": [h.name for h in hosts],
+            "shape_before": configured.to_dict() if configured else None, "processes": [],
+            "holder": registry.holder(cluster.name)}  # fmt: skip
+
+    def remember(proc) -> None:  # a rank or an iperf3 server, found again by this handle after a SIGKILL
+        handle = proc.handle()
+        if handle is not None:
+            note["processes"].append(handle)
+            registry.record_trial(cluster.name, note)
+
+    registry.record_trial(cluster.name, note)
     try:
         say("shaping")
+        if STOP.is_set():
+            raise TrialFailed(_stop_message(), status="interrupted")
         if trial.shape is not None:
             cluster.apply_shaping(trial.shape, hosts)
         else:
@@ -130,13 +188,17 @@ def run_trial(
 
             say("probing")
             result = probe_pair(cluster, used[0], used[1], requested_bps=trial.rate_bps, duration_s=probe_duration_s,
-                                streams=probe_streams)  # fmt: skip
+                                streams=probe_streams, on_start=remember)  # fmt: skip
             row["measured_goodput_bps"] = result.achieved_bps
             row["probe_duration_s"], row["probe_streams"] = probe_duration_s, probe_streams
+            registry.record_trial(cluster.name, note)
         say("starting ranks")
         for r in plan.ranks:
+            if STOP.is_set():
+                raise TrialFailed(_stop_message(), status="interrupted")
             argv = [sys.executable, *r.argv]
             procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=out_dir / "logs" / r.log_name))
+            remember(procs[-1])
         say("training")
         watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
         for host in used:
@@ -148,21 +210,67 @@ def run_trial(
     except TestbedError as e:
         row["status"], row["error"] = "failed", str(e)
     except KeyboardInterrupt:
-        row["status"], row["error"] = "failed", "interrupted (Ctrl-C); a resumed sweep runs it again"
+        row["status"], row["error"] = "interrupted", _stop_message()
         raise
     finally:
-        for p in procs:
-            p.kill_group()
-        say("restoring shaping")
+        problems = end_trial(cluster, procs, configured, hosts, say)
+        if problems:
+            row["error"] = "; ".join([row["error"] or "", *problems]).lstrip("; ")
+        row["wall_s"] = time.monotonic() - t0
         try:
-            if configured is not None:
-                cluster.apply_shaping(configured, hosts)
-            else:
-                cluster.clear_shaping(hosts)
+            store_row(store, row, attempt)
         finally:
-            row["wall_s"] = time.monotonic() - t0
-            store.append(row)  # also on Ctrl-C: the trial is recorded as what it was when stopped
+            registry.clear_trial(cluster.name)  # stored, or kept in the trial directory: nothing left to finish
+        if problems:
+            raise LaunchError(f"trial {trial.trial_id} stored as {row['status']}, but cleaning up failed: "
+                              f"{'; '.join(problems)}; `testbed down --name {cluster.name}` ends what is left")  # fmt: skip
     return row
+
+
+def end_trial(cluster, procs: list, configured, hosts, say: Callable[[str], None]) -> list[str]:
+    """Kill every process of the trial and put the cluster's shaping back; each step runs even when one before it
+    failed (an SSH connection down, an squeue error). Returns what failed, in words."""
+    problems = []
+    for p in procs:
+        try:
+            p.kill_group()
+        except Exception as e:  # noqa: BLE001 - the other kills, the restore and the row must still happen
+            problems.append(f"ending {p.host.name}'s process {getattr(p, 'pid', '?')} failed ({e})")
+    say("restoring shaping")
+    try:
+        if configured is not None:
+            cluster.apply_shaping(configured, hosts)
+        else:
+            cluster.clear_shaping(hosts)
+    except Exception as e:  # noqa: BLE001 - the row must still be stored
+        problems.append(f"restoring the shaping failed ({e})")
+    return problems
+
+
+class RowNotStored(TestbedError):
+    """The results store could not take a trial's row (full or read-only); the row is kept beside its records."""
+
+
+def store_row(store: ResultsStore, row: dict[str, Any], attempt: int | None) -> None:
+    """Store the row (also on Ctrl-C: the trial is recorded as what it was when stopped). A full or unwritable results
+    directory keeps the row as JSON in the trial's directory and says which command stores it later."""
+    try:
+        store.append(row, attempt=attempt)
+        return
+    except (OSError, TestbedError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+    try:
+        kept = store.keep_pending(row, attempt or 1)
+    except OSError as e2:
+        raise RowNotStored(
+            f"could not store the row of trial {row['trial_id']} in {store.rows_dir} ({reason}) nor keep it in its "
+            f"trial directory ({e2.strerror}); its ranks' records stay in {store.attempt_dir(row['trial_id'], attempt or 1)}"
+        ) from None
+    raise RowNotStored(
+        f"could not store the row of trial {row['trial_id']} ({row['status']}) in {store.rows_dir} ({reason}); it is "
+        f"kept in {kept} with the trial's records: free space or fix the directory, then run "
+        f"`testbed results {store.root} --store-pending`"
+    )
 
 
 def watch_ranks(procs: list, *, deadline: float, out_dir: Path) -> None:
@@ -170,7 +278,7 @@ def watch_ranks(procs: list, *, deadline: float, out_dir: Path) -> None:
     TrialFailed. Logs are read from out_dir/logs/rank<r>.log."""
     while True:
         if STOP.is_set():
-            raise TrialFailed("interrupted (Ctrl-C); a resumed sweep runs it again")
+            raise TrialFailed(_stop_message(), status="interrupted")
         codes = [p.poll() for p in procs]
         for rank, code in enumerate(codes):
             if code not in (None, 0):

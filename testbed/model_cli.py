@@ -220,6 +220,9 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the measurement is abandoned")
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory of the profiles (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored calibration as JSON")
+    from testbed.run_cli import add_wait_flag
+
+    add_wait_flag(p)
     p.set_defaults(func=cmd_calibrate)
 
     p = subparsers.add_parser(
@@ -393,7 +396,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from testbed.calibrate import check_settings, run_calibration
     from testbed.cli_common import bw_is_unshaped, shape_from_args
     from testbed.cluster import backends
+    from testbed.cluster_lease import hold
+    from testbed.launch import stop_on_signals
     from testbed.outputs import check_output_dir
+    from testbed.run_cli import wait_seconds
 
     unshaped = bw_is_unshaped(args)
     shape = shape_from_args(args)
@@ -404,21 +410,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size < 2:
         raise InputError(f"--world-size {args.world_size}: a calibration needs at least 2 ranks")
     check_output_dir(args.out, "--out")
-    cluster = backends.open_cluster(args.name)
+    wait_s = wait_seconds(args)
+    backends.open_cluster(args.name)  # no such cluster: exit 2 before waiting for anything
     console = _console()
-    with console.status("calibrating...") as status:
-        c, path = run_calibration(
-            cluster,
-            args.out,
-            shape=shape,
-            unshaped=unshaped,
-            world_size=args.world_size,
-            backend=args.backend,
-            sizes_bytes=sizes,
-            reps=args.reps,
-            timeout_s=args.timeout,
-            on_phase=lambda msg: status.update(f"calibrating: {msg}..."),
-        )
+    with hold(args.name, wait_s=wait_s):  # one command at a time shapes and measures a cluster
+        cluster = backends.open_cluster(args.name)
+        stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: the ranks are ended and the shaping restored
+        with console.status("calibrating...") as status:
+            c, path = run_calibration(
+                cluster,
+                args.out,
+                shape=shape,
+                unshaped=unshaped,
+                world_size=args.world_size,
+                backend=args.backend,
+                sizes_bytes=sizes,
+                reps=args.reps,
+                timeout_s=args.timeout,
+                on_phase=lambda msg: status.update(f"calibrating: {msg}..."),
+            )
     if args.json:
         sys.stdout.write(json.dumps({"path": str(path), **cal.calibration_to_dict(c)}, indent=2) + "\n")
         return 0

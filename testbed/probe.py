@@ -16,8 +16,10 @@ import dataclasses
 import json
 import re
 import shutil
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +103,12 @@ def probe_pair(
     streams: int = 1,
     port: int = DEFAULT_PORT,
     mtu: int = 1500,
+    on_start: Callable[[Any], None] | None = None,
 ) -> ProbeResult:
     """One iperf3 measurement src -> dst with `streams` TCP streams (several processes where iperf3 < 3.16). The
     servers are one-off processes in their own process groups, always ended, with none of this shell's environment
-    (the backend gives them PATH); their logs live in a temporary folder removed afterwards."""
+    (the backend gives them PATH); their logs live in a temporary folder removed afterwards. `on_start` is told of
+    each server started (a trial notes them, so a command after a SIGKILL of this one can end them)."""
     check_probe_args(duration_s, streams)
     version = iperf3_version(cluster, src)
     n_proc = processes_for(version, streams)
@@ -116,6 +120,8 @@ def probe_pair(
         for p in ports:
             servers.append(cluster.start(dst, ["iperf3", "-s", "-1", "-B", dst.address, "-p", str(p)],
                                          env={}, log_path=log_dir / f"server-{p}.log"))  # fmt: skip
+            if on_start is not None:
+                on_start(servers[-1])
         deadline = time.monotonic() + 10
         for p, server in zip(ports, servers, strict=True):
             while not _listening(cluster, dst, p):
@@ -162,9 +168,15 @@ def probe_pair(
             iperf3_version=".".join(map(str, version)) if version else None,
         )
     finally:
+        failed = []
         for server in servers:
-            server.kill_group()
+            try:
+                server.kill_group()
+            except Exception as e:  # noqa: BLE001 - one failing kill must not skip the others
+                failed.append(f"{dst.name}: {e}")
         shutil.rmtree(log_dir, ignore_errors=True)
+        if failed and sys.exc_info()[0] is None:  # never hide the error that ended the probe
+            raise ProbeError(f"ending the iperf3 servers failed: {'; '.join(failed)}")
 
 
 def _concurrent_goodput(reports: list[tuple[float, dict]], duration_s: float) -> float | None:

@@ -16,6 +16,8 @@ changes meaning.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import sys
@@ -36,7 +38,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "schema_version": pa.int32(),
     "trial_id": pa.string(),
     "attempt": pa.int32(),  # 1, 2, ...: every run of a trial id is kept (missing in old stores: from the file name)
-    "status": pa.string(),  # ok | failed | timeout
+    "status": pa.string(),  # ok | failed | timeout | interrupted
     "error": pa.string(),
     "started_at": pa.string(),  # ISO 8601, UTC
     "wall_s": pa.float64(),
@@ -106,6 +108,7 @@ COLUMNS: dict[str, pa.DataType] = {
 SCHEMA = pa.schema(list(COLUMNS.items()))
 
 
+PENDING_ROW = "row.pending.json"  # a row kept in its trial directory when the store could not take it
 ROW_FILE = re.compile(r"^(?P<id>[^.]+?)(?:\.(?P<attempt>[0-9]+))?\.parquet$")
 Warn = Callable[[str], None]
 
@@ -133,11 +136,24 @@ class ResultsStore:
         return self.root / "trials" / (trial_id if attempt == 1 else f"{trial_id}.{attempt}")
 
     def trial_dir(self, trial_id: str) -> Path:
-        """The directory for the attempt about to run: the next attempt number is reserved here and `append()` of a
-        row with this trial id stores it under the same number (earlier attempts' records are never touched)."""
+        """The directory for the attempt about to run, created here: the next attempt number is reserved by making
+        its directory (mkdir without exist_ok, so two processes with the same results directory never get one
+        number), and `append()` of a row with this trial id stores it under the same number (earlier attempts'
+        records are never touched)."""
         if trial_id not in self._reserved:
-            self._reserved[trial_id] = self.next_attempt(trial_id)
+            attempt = self.next_attempt(trial_id)
+            (self.root / "trials").mkdir(parents=True, exist_ok=True)
+            while True:
+                try:
+                    self.attempt_dir(trial_id, attempt).mkdir()
+                    break
+                except FileExistsError:  # another process reserved this number meanwhile: take the next one
+                    attempt += 1
+            self._reserved[trial_id] = attempt
         return self.attempt_dir(trial_id, self._reserved[trial_id])
+
+    def reserved_attempt(self, trial_id: str) -> int | None:
+        return self._reserved.get(trial_id)
 
     def attempts(self, trial_id: str) -> dict[int, Path]:
         """Attempt number -> row file, for the stored attempts of one trial."""
@@ -171,12 +187,13 @@ class ResultsStore:
         except OSError as e:
             raise InputError(f"{self.flag} {self.root}: cannot create ({e.strerror})") from None
 
-    def append(self, row: dict[str, Any]) -> Path:
+    def append(self, row: dict[str, Any], *, attempt: int | None = None) -> Path:
         """Store one attempt's row atomically (temp file, fsync, hard link: an existing attempt is never replaced).
-        The attempt number is the one `trial_dir()` reserved for this trial id, else the next free one."""
+        The attempt number is `attempt`, else the one `trial_dir()` reserved for this trial id, else the next free
+        one. OSError (a full or read-only file system) leaves the reservation in place for a later try."""
         self.ensure()
         trial_id = row["trial_id"]
-        attempt = self._reserved.pop(trial_id, None) or self.next_attempt(trial_id)
+        attempt = attempt or self._reserved.get(trial_id) or self.next_attempt(trial_id)
         tmp = self.rows_dir / f".{trial_id}.{os.getpid()}.tmp"
         try:
             while True:
@@ -198,9 +215,42 @@ class ResultsStore:
                         continue
                     tmp.replace(final)
                 row["attempt"] = attempt
+                self._reserved.pop(trial_id, None)
                 return final
         finally:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+    # ---------------------------------------------------------------------------------------- rows stored later
+    def pending_path(self, trial_id: str, attempt: int) -> Path:
+        """Where a row that could not be stored waits (in its attempt's directory) for `store_pending()`."""
+        return self.attempt_dir(trial_id, attempt) / PENDING_ROW
+
+    def keep_pending(self, row: dict[str, Any], attempt: int) -> Path:
+        """Write a row that `append` could not store beside its attempt's records, as JSON; returns the path."""
+        from shaping.files import atomic_write
+
+        row = {**row, "attempt": attempt}
+        return atomic_write(self.pending_path(row["trial_id"], attempt), json.dumps(row, default=str, indent=1))
+
+    def store_pending(self) -> list[Path]:
+        """Store every row kept by `keep_pending` (`testbed results DIR --store-pending`) at its own attempt number,
+        then remove its JSON; returns the row files written."""
+        stored = []
+        for path in sorted((self.root / "trials").glob(f"*/{PENDING_ROW}")) if (self.root / "trials").is_dir() else []:
+            try:
+                row = json.loads(path.read_text())
+                trial_id, attempt = row["trial_id"], int(row["attempt"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise InputError(f"{path}: not a kept row ({type(e).__name__}: {e}); move it away") from None
+            if path.parent != self.attempt_dir(trial_id, attempt):
+                raise InputError(f"{path}: names trial {trial_id} attempt {attempt}, not its directory's; move it away")
+            if attempt in self.attempts(trial_id):
+                path.unlink()  # stored already (an earlier --store-pending stopped before removing it)
+                continue
+            stored.append(self.append(row, attempt=attempt))
+            path.unlink()
+        return stored
 
     def stored_ids(self, status: str | None = "ok", warn: Warn = warn_stderr) -> set[str]:
         """Trial ids whose best attempt has `status` (any status when None)."""

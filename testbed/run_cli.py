@@ -231,6 +231,21 @@ def _cluster_for(args: argparse.Namespace, world_size: int):
     return backends.open_cluster(args.name)
 
 
+def wait_seconds(args: argparse.Namespace) -> float:
+    """--wait: how long to wait for a cluster another command holds (0: refuse at once, naming it)."""
+    wait = getattr(args, "wait", 0.0) or 0.0
+    if not (math.isfinite(wait) and 0 <= wait <= MAX_TIMEOUT_S):
+        raise InputError(f"--wait {wait:g}: expected seconds in [0, {MAX_TIMEOUT_S:g}] (0 refuses at once when the "
+                         "cluster is in use)")
+    return wait
+
+
+def add_wait_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="when another command holds the cluster (one at a time per cluster), wait up to SECONDS for "
+                   "it (default 0: refuse at once, naming its pid and command)")
+
+
 def _open_store(path: str):
     """The results store of --out, checked writable before anything starts."""
     from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
@@ -251,7 +266,8 @@ def _probe_args(args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------- run
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed import launch_plan
-    from testbed.launch import make_plan, run_trial, stop_on_ctrl_c
+    from testbed.cluster_lease import hold
+    from testbed.launch import STOP, make_plan, run_trial, stop_exit_code, stop_on_signals
 
     if not args.bw:
         raise InputError("run needs --bw RATE (e.g. 500mbit), or --bw none for an unshaped run")
@@ -260,6 +276,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     rate = parse_rates([args.bw])[0]
     opts = {**_options(args), **_free_options(args)}
     _check_timeout(args.timeout)
+    wait_seconds(args)
     _probe_args(args)  # the per-trial probe's settings, checked before anything starts
     user_env = parse_env_pairs(args.env, "--env")
     launch_plan.check_user_env(user_env)
@@ -292,24 +309,28 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{stored['started_at']}); add --rerun to measure it again as a new attempt (the stored one is kept)"
         )
     _check_plugin_hosts(cluster, [trial], infos)
-    stop_on_ctrl_c()
-    with console.status(f"{trial.label()}: starting") as status:
-        row = run_trial(
-            cluster,
-            trial,
-            store,
-            timeout_s=args.timeout,
-            probe=not args.no_probe,
-            on_phase=lambda phase: status.update(f"{trial.label()}: {phase}"),
-            user_env=user_env,
-            **_probe_args(args),
-            plugin=_plugin_of(trial, infos),
-        )
+    with hold(args.name, wait_s=wait_seconds(args)):
+        cluster = backends.open_cluster(args.name)  # read again under the lease: the shaping to restore is current
+        stop_on_signals()
+        with console.status(f"{trial.label()}: starting") as status:
+            row = run_trial(
+                cluster,
+                trial,
+                store,
+                timeout_s=args.timeout,
+                probe=not args.no_probe,
+                on_phase=lambda phase: status.update(f"{trial.label()}: {phase}"),
+                user_env=user_env,
+                **_probe_args(args),
+                plugin=_plugin_of(trial, infos),
+            )
     baseline = store.find(trial.baseline().trial_id) if trial.compressor != "syncsgd" else None
     if args.json:
         print_json({"trial": trial.config(), "row": row, "baseline_row": baseline})
     else:
         print_run_summary(trial, row, baseline)
+    if STOP.is_set():
+        return stop_exit_code()
     return 0 if row["status"] == "ok" else 1
 
 
@@ -436,9 +457,11 @@ def _refuse_big_grid(n: int, eta: str) -> None:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from testbed import launch_plan
-    from testbed.launch import STOP, run_trial, stop_on_ctrl_c
+    from testbed.cluster_lease import hold
+    from testbed.launch import stop_on_signals
 
     _check_timeout(args.timeout)
+    wait_seconds(args)
     _probe_args(args)  # the per-trial probe's settings, checked before anything starts
     user_env = parse_env_pairs(args.env, "--env")
     launch_plan.check_user_env(user_env)
@@ -464,8 +487,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not todo:
         return 0
     _check_plugin_hosts(cluster, todo, infos)
+    with hold(args.name, wait_s=wait_seconds(args)):  # the whole grid: no other command shapes the links in between
+        cluster = backends.open_cluster(args.name)  # read again under the lease: the shaping to restore is current
+        stop_on_signals()
+        done = store.stored_ids("ok")  # again: a command waited for may have stored some of them
+        return _run_grid(args, cluster, store, [t for t in todo if t.trial_id not in done], infos, user_env)
+
+
+def _run_grid(args: argparse.Namespace, cluster, store, todo: list[Trial], infos, user_env) -> int:
+    """The trials of a sweep, one after another, under the cluster's lease; the exit status."""
+    from testbed.launch import STOP, STOPPED_BY, run_trial, stop_exit_code
+
     failed = 0
-    stop_on_ctrl_c()
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -480,8 +513,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             row = run_trial(cluster, trial, store, timeout_s=args.timeout, probe=not args.no_probe, user_env=user_env,
                             **_probe_args(args), plugin=_plugin_of(trial, infos))  # fmt: skip
             if STOP.is_set():
-                progress.console.print(f"interrupted: {trial.label()} stored as failed; run the sweep again to resume")
-                return 130
+                by = STOPPED_BY[0] if STOPPED_BY else "Ctrl-C"
+                progress.console.print(f"interrupted ({by}): {trial.label()} stored as interrupted; run the sweep "
+                                       "again to resume")
+                return stop_exit_code()
             if row["status"] != "ok":
                 failed += 1
                 progress.console.print(f"[red]{row['status']}[/] {trial.label()}: {row['error']}")
@@ -500,6 +535,10 @@ def cmd_results(args: argparse.Namespace) -> int:
     from testbed.results import ResultsStore  # pandas/pyarrow: imported only by the commands that use them
 
     store = ResultsStore(args.path, flag="results")
+    if args.store_pending:
+        stored = store.store_pending()
+        console.print(f"stored {len(stored)} kept row{'s' if len(stored) != 1 else ''} in {store.rows_dir}")
+        return 0
     if args.csv:
         check_output_file(args.csv, "--csv")
     df = store.load(all_attempts=args.attempts)
@@ -581,6 +620,7 @@ def add_commands(sub) -> None:
         action="store_true",
         help="measure a trial already stored ok again, as a new attempt (the stored attempt is kept)",
     )
+    add_wait_flag(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="run a grid of bandwidths x compressors x world sizes (resumable)")
@@ -596,6 +636,7 @@ def add_commands(sub) -> None:
         "--yes", action="store_true", help=f"start a grid of more than {CONFIRM_GRID_ABOVE} trials (the ETA is printed)"
     )
     add_trial_flags(p, sweep=True)
+    add_wait_flag(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("results", help="table of the trials stored in a results directory")
@@ -603,4 +644,6 @@ def add_commands(sub) -> None:
     add_json(p)
     p.add_argument("--csv", help="write every column to this CSV file")
     p.add_argument("--attempts", action="store_true", help="every attempt of each trial (default: the best one)")
+    p.add_argument("--store-pending", action="store_true",
+                   help="store the rows a full or unwritable results directory kept in trials/*/row.pending.json")
     p.set_defaults(func=cmd_results)

@@ -43,6 +43,11 @@ class RankProcess(abc.ABC):
     def kill_group(self) -> None:
         """End the whole process group this process leads (SIGTERM, then SIGKILL), and reap it."""
 
+    def handle(self) -> dict[str, Any] | None:
+        """JSON that finds this process again from another controller process (`Cluster.end_leftover`) after this
+        one was killed: the host, the process group and what proves it is still the same process. None: cannot."""
+        return None
+
 
 class Cluster(abc.ABC):
     """A set of hosts that can run commands, start ranks and shape their data links."""
@@ -98,6 +103,11 @@ class Cluster(abc.ABC):
     @abc.abstractmethod
     def threads_per_rank(self, world_size: int) -> int:
         """CPU threads each rank of a `world_size`-rank trial should use (torch/OMP), or 0 for the host's default."""
+
+    def end_leftover(self, handle: dict[str, Any]) -> bool:
+        """End the process group a killed controller left running (`RankProcess.handle()`), only if it is still the
+        same process; True when something was ended."""
+        return False
 
     def rank_out_dir(self, local_dir: Path, trial_id: str) -> Path:
         """Where ranks write a trial's records on the hosts; `fetch` brings them to `local_dir`."""

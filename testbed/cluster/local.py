@@ -47,16 +47,38 @@ def host_ns(cluster: str, index: int) -> str:
     return f"{NS_PREFIX}{cluster}-h{index}"
 
 
+MARK_PREFIX = "testbed-cluster:"  # the alias of `lo` in every namespace the testbed made: "testbed-cluster:<name>"
+
+
+def namespace_mark(ns: str) -> str | None:
+    """The cluster name a namespace was marked with by `up`, or None (a namespace the testbed did not make, even one
+    named like ours, e.g. someone's `tb-foo-vpn`)."""
+    try:
+        with IPRoute(netns=ns) as ipr:
+            lo = ipr.link_lookup(ifname="lo")
+            alias = ipr.get_links(lo[0])[0].get_attr("IFLA_IFALIAS") if lo else None
+    except Exception:  # noqa: BLE001 - gone meanwhile, or not enterable: not ours to touch either way
+        return None
+    return alias[len(MARK_PREFIX) :] if alias and alias.startswith(MARK_PREFIX) else None
+
+
 def cluster_namespaces(cluster: str) -> list[str]:
-    """Namespaces of this cluster that exist now (found by prefix: also those of a crashed `up`)."""
+    """Namespaces of this cluster that exist now: named with its prefix and marked as its own by `up` (also those
+    of a crashed `up`), or listed in its record."""
     prefix = f"{NS_PREFIX}{cluster}-"
-    return sorted(n for n in netns.listnetns() if n.startswith(prefix))
+    recorded = set((registry.load_record(cluster) or {}).get("namespaces") or []) | set(registry.building(cluster))
+    return sorted(
+        n for n in netns.listnetns() if n in recorded or (n.startswith(prefix) and namespace_mark(n) == cluster)
+    )
 
 
 def all_testbed_clusters() -> list[str]:
-    names = {n[len(NS_PREFIX) :].rsplit("-", 1)[0] for n in netns.listnetns() if n.startswith(NS_PREFIX)}
+    """Local clusters on this machine: recorded ones and those whose marked namespaces outlived their record."""
+    names = {mark for n in netns.listnetns() if n.startswith(NS_PREFIX) and (mark := namespace_mark(n))}
     return sorted(
-        names | {n for n in registry.recorded_names() if (registry.load_record(n) or {}).get("backend") == "local"}
+        names
+        | set(registry.building_names())
+        | {n for n in registry.recorded_names() if (registry.load_record(n) or {}).get("backend") == "local"}
     )
 
 
@@ -94,6 +116,26 @@ class LocalRankProcess(RankProcess):
             os.killpg(self.popen.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(grace_s)
+
+    def handle(self) -> dict[str, Any]:
+        return {"host": self.host.name, "pgid": self.popen.pid, "start_ticks": registry.process_start_ticks(self.pid)}
+
+
+def end_process_group(pgid: int, start_ticks: int | None, grace_s: float = 3.0) -> bool:
+    """SIGTERM, then SIGKILL after grace_s, the process group led by `pgid`, only while its leader is the process
+    that started at `start_ticks` (a pid reused since is left alone). True when the group was signalled."""
+    if not isinstance(pgid, int) or pgid <= 1 or start_ticks is None:
+        return False
+    if registry.process_start_ticks(pgid) != start_ticks:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and registry.process_start_ticks(pgid) == start_ticks:
+        time.sleep(0.02)  # polling for the leader's exit, bounded by the grace period
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)  # what is left of the group, the leader gone or not
+    return True
 
 
 def _ns_inode(name: str) -> tuple[int, int] | None:
@@ -205,12 +247,19 @@ class LocalCluster(Cluster):
                 ],
                 "created_at": time.time(),
             }
+            foreign = sorted(set(record["namespaces"]) & set(netns.listnetns()))  # ours were removed just above
+            if foreign:
+                raise InputError(
+                    f"namespace {foreign[0]} exists and is not the testbed's (no testbed mark); choose another --name"
+                )
+            registry.note_building(name, record["namespaces"])
             try:
                 _build(record, net.prefixlen)
                 cluster = cls(record)
                 if shape is not None:
                     cluster.apply_shaping(shape, force=force)
                 registry.save_record(name, record)
+                registry.clear_building(name)
             except BaseException:
                 _destroy(name)  # a failure (or Ctrl-C) halfway leaves nothing behind
                 raise
@@ -249,12 +298,21 @@ class LocalCluster(Cluster):
     def run(self, host: Host, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
         return subprocess.run(self._argv(host, argv), capture_output=True, text=True, timeout=timeout_s, check=False)
 
+    def rank_out_dir(self, local_dir: Path, trial_id: str) -> Path:
+        """The results directory itself, absolute: ranks run in a working directory of their own (`start`)."""
+        return Path(local_dir).absolute()
+
     def start(
         self, host: Host, argv: list[str], *, env: dict[str, str], log_path: Path, workdir: Path | None = None
     ) -> LocalRankProcess:
+        """Start argv in the host's namespace, in a process group of its own. A Python rank runs as root, so it
+        runs with `-P` (neither the working directory nor a script's folder on sys.path: a `runners/` or `json.py`
+        planted where the user stands is never imported), the project's code root first on PYTHONPATH, and in a
+        fixed working directory: `workdir`, else the folder of its log (the controller made it for this run)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         # emulated hosts are this machine: its PATH finds the tools a rank calls (the plan adds the loader variables)
         env = {"PATH": os.environ.get("PATH", os.defpath), **env}
+        argv = _python_isolated(argv, env)
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
                 self._argv(host, argv),
@@ -269,21 +327,16 @@ class LocalCluster(Cluster):
 
     def fetch(self, host: Host, remote_dir: Path, local_dir: Path) -> None:
         if Path(remote_dir).resolve() != Path(local_dir).resolve():
-    def rank_out_dir(self, local_dir: Path, trial_id: str) -> Path:
-        """The results directory itself, absolute: ranks run in a working directory of their own (`start`)."""
-        return Path(local_dir).absolute()
-
             raise ClusterError("local hosts share this machine's filesystem: write results where they are read")
 
+    def end_leftover(self, handle: dict[str, Any]) -> bool:
+        """A killed controller's rank or iperf3 server: its process group, if its leader is still that process."""
+        return end_process_group(handle.get("pgid"), handle.get("start_ticks"))
+
     def links(self, hosts: list[Host] | None = None) -> list[tuple[Host, str, str, str]]:
-        """Start argv in the host's namespace, in a process group of its own. A Python rank runs as root, so it
-        runs with `-P` (neither the working directory nor a script's folder on sys.path: a `runners/` or `json.py`
-        planted where the user stands is never imported), the project's code root first on PYTHONPATH, and in a
-        fixed working directory: `workdir`, else the folder of its log (the controller made it for this run)."""
         """(host, direction, netns, ifname) for both ends of each host's veth."""
         out = []
         for h in hosts or self.hosts():
-        argv = _python_isolated(argv, env)
             out.append((h, "upload", h.netns, DATA_IFACE))
             out.append((h, "download", switch_ns(self.name), h.name))
         return out
@@ -353,6 +406,21 @@ class LocalCluster(Cluster):
         }
 
 
+CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds testbed/, runners/ and shaping/
+
+
+def _python_isolated(argv: list[str], env: dict[str, str]) -> list[str]:
+    """argv with `-P` after a Python interpreter (`python -m runners.train ...`); the code root the controller runs
+    from goes first on env's PYTHONPATH (in place), so the rank imports the same runners/ and nothing of its cwd."""
+    if not argv or not os.path.basename(argv[0]).startswith("python"):
+        return list(argv)
+    if (CODE_ROOT / "runners" / "__init__.py").is_file():
+        env["PYTHONPATH"] = ":".join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH")) if p)
+    if len(argv) > 1 and argv[1] in ("-P", "-I"):
+        return list(argv)
+    return [argv[0], "-P", *argv[1:]]
+
+
 def assign_gpus(gpus: list[int], n_hosts: int) -> list[list[int]]:
     """Share this machine's GPUs out among the emulated hosts: contiguous, equal groups when there are at least as
     many GPUs as hosts (8 GPUs, 4 hosts: [0,1] [2,3] [4,5] [6,7]; leftovers unused), otherwise one GPU per host in
@@ -377,21 +445,6 @@ def _check_subnet(subnet: str, n_hosts: int) -> ipaddress.IPv4Network:
     try:
         net = ipaddress.IPv4Network(subnet, strict=True)
     except ValueError as e:
-CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds testbed/, runners/ and shaping/
-
-
-def _python_isolated(argv: list[str], env: dict[str, str]) -> list[str]:
-    """argv with `-P` after a Python interpreter (`python -m runners.train ...`); the code root the controller runs
-    from goes first on env's PYTHONPATH (in place), so the rank imports the same runners/ and nothing of its cwd."""
-    if not argv or not os.path.basename(argv[0]).startswith("python"):
-        return list(argv)
-    if (CODE_ROOT / "runners" / "__init__.py").is_file():
-        env["PYTHONPATH"] = ":".join(p for p in (str(CODE_ROOT), env.get("PYTHONPATH")) if p)
-    if len(argv) > 1 and argv[1] in ("-P", "-I"):
-        return list(argv)
-    return [argv[0], "-P", *argv[1:]]
-
-
         raise InputError(f"--subnet {subnet!r}: {e}; expected an IPv4 network like {DEFAULT_SUBNET}") from None
     if not net.is_private:
         raise InputError(f"--subnet {subnet}: not a private range; emulated hosts use private addresses only")
@@ -402,9 +455,10 @@ def _python_isolated(argv: list[str], env: dict[str, str]) -> list[str]:
 
 def _build(record: dict[str, Any], prefixlen: int) -> None:
     sw = switch_ns(record["name"])
-    netns.create(sw)
+    netns.create(sw)  # (registry.note_building named it first: a SIGKILL before the mark still leaves it ours)
+    mark = f"{MARK_PREFIX}{record['name']}"  # `down` removes only namespaces that carry the mark
     with IPRoute(netns=sw) as ipr:
-        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
         ipr.link("add", ifname=BRIDGE, kind="bridge")
         br = ipr.link_lookup(ifname=BRIDGE)[0]
         ipr.link("set", index=br, state="up")
@@ -414,7 +468,7 @@ def _build(record: dict[str, Any], prefixlen: int) -> None:
             port = ipr.link_lookup(ifname=h["switch_port"])[0]
             ipr.link("set", index=port, master=br, state="up")
             with IPRoute(netns=h["netns"]) as hipr:
-                hipr.link("set", index=hipr.link_lookup(ifname="lo")[0], state="up")
+                hipr.link("set", index=hipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
                 eth = hipr.link_lookup(ifname=DATA_IFACE)[0]
                 hipr.addr("add", index=eth, address=h["address"], prefixlen=prefixlen)
                 hipr.link("set", index=eth, state="up")
@@ -438,4 +492,5 @@ def _destroy(name: str) -> list[str]:
     for path in backups.glob(f"{NS_PREFIX}{name}-*__*.json") if backups.is_dir() else []:
         path.unlink(missing_ok=True)
     registry.delete_record(name)
+    registry.clear_building(name)
     return removed

@@ -1,0 +1,105 @@
+"""A command's hold on a cluster: take its lease, and first finish what a killed command left in flight.
+
+`run`, `sweep`, `calibrate`, `probe`, `shape` and `down` work inside `hold(name)`: one command at a time per cluster
+(registry.lease: wait up to --wait seconds, else refuse naming the holder's pid and command). A command killed with
+SIGKILL cannot clean up after itself; its trial stays noted in the lease directory (registry.record_trial). The next
+command that takes the lease finds that note, and before it starts:
+  1. ends the noted processes (ranks, iperf3 servers) still running: each one only if it is still the same process
+     (its start time, or its lab token, matches), so a reused pid is never signalled;
+  2. puts back the shaping the links had before the trial;
+  3. stores the trial's row with status "interrupted" (at the attempt number it had reserved);
+  4. says so in one line on stderr.
+Each step runs even when one before it failed (an unreachable host must not keep the row from being stored).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from testbed.cluster import backends, registry
+from testbed.errors import TestbedError
+
+Say = Callable[[str], None]
+
+
+def say_stderr(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
+@contextlib.contextmanager
+def hold(name: str, *, wait_s: float = 0.0, force: bool = False, say: Say = say_stderr,
+         restore_shaping: bool = True) -> Iterator[None]:  # fmt: skip
+    """Hold cluster `name`'s lease for the block, after finishing a dead holder's trial (see the module's doc)."""
+    with registry.lease(name, wait_s=wait_s, force=force):
+        finish_dead_trial(name, say=say, restore_shaping=restore_shaping)
+        yield
+
+
+def finish_dead_trial(name: str, *, say: Say = say_stderr, restore_shaping: bool = True) -> dict[str, Any] | None:
+    """Finish the trial a killed command left noted on cluster `name` (the caller holds the lease); returns the
+    note, or None when there was none."""
+    note = registry.trial_in_flight(name)
+    if note is None:
+        return None
+    problems: list[str] = []
+    ended = 0
+    cluster = None
+    try:
+        cluster = backends.open_cluster(name) if registry.load_record(name) is not None else None
+    except TestbedError as e:
+        problems.append(f"cluster not readable ({e})")
+    if cluster is not None:
+        for handle in note.get("processes", []):
+            try:
+                ended += bool(cluster.end_leftover(handle))
+            except Exception as e:  # noqa: BLE001 - one unreachable host must not keep the others' kills or the row
+                problems.append(f"{handle.get('host')}: {e}")
+        if restore_shaping:
+            try:
+                _restore(cluster, note)
+            except Exception as e:  # noqa: BLE001 - the row is stored whatever happens here
+                problems.append(f"restoring shaping: {e}")
+    stored = _store_row(note, problems)
+    registry.clear_trial(name)
+    killed_by = note.get("holder") or {}
+    say(
+        f"cluster {name}: the trial {note['row']['trial_id']} of pid {killed_by.get('pid')} (`{killed_by.get('command')}`)"
+        f" was killed; ended {ended} leftover process{'es' if ended != 1 else ''}"
+        + (", restored its shaping" if restore_shaping and cluster is not None else "")
+        + (f", stored its row as interrupted in {stored}" if stored else "")
+        + (f"; problems: {'; '.join(problems)}" if problems else "")
+    )
+    return note
+
+
+def _restore(cluster, note: dict[str, Any]) -> None:
+    from shaping.plan import LinkShape
+
+    hosts = [h for h in cluster.hosts() if h.name in set(note.get("hosts") or [])] or None
+    before = note.get("shape_before")
+    if before:
+        cluster.apply_shaping(LinkShape.from_dict(before), hosts)
+    else:
+        cluster.clear_shaping(hosts)
+
+
+def _store_row(note: dict[str, Any], problems: list[str]) -> str | None:
+    from testbed.results import ResultsStore  # pandas/pyarrow only when there is a row to store
+
+    row = dict(note["row"])
+    killed_by = note.get("holder") or {}
+    row["status"] = "interrupted"
+    row["error"] = (
+        f"the controller (pid {killed_by.get('pid')}) was killed during the trial; its leftovers were ended by the "
+        "next command on the cluster; a resumed sweep runs it again"
+    )
+    try:
+        store = ResultsStore(note["out"])
+        store.append(row, attempt=note.get("attempt"))
+    except (OSError, TestbedError) as e:
+        problems.append(f"row not stored in {note['out']} ({e})")
+        return None
+    return str(store.root)
