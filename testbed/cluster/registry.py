@@ -188,7 +188,11 @@ def lease(name: str, *, wait_s: float = 0.0, force: bool = False, command: str |
     holder is dead (a process that inherited the lock may keep it after its holder died); a live holder is refused
     whatever is asked."""
     path = lease_path(name, "lease")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:  # a symlink planted there (ELOOP), or no permission
+        raise ClusterError(f"{path}: cannot open cluster {name!r}'s lease ({e.strerror}); it must be a plain file "
+                           "of the testbed's (remove it if something else is there)") from None  # fmt: skip
     locked_here = False
     try:
         deadline = time.monotonic() + max(0.0, wait_s)
