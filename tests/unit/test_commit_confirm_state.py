@@ -7,10 +7,10 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import wait_for
 
 from shaping import commit_confirm
 from testbed.errors import InputError
+from tests.conftest import wait_for
 
 
 @pytest.mark.parametrize("bad", [0, -1, math.inf, math.nan, 3600.5, 86400, True])
