@@ -85,6 +85,8 @@ def _private(sdir: Path, *, create: bool) -> Path | None:
         return private_dir(sdir, create=create)
     except PermissionError as e:
         raise PermissionDenied(f"the commit-confirm state ({sdir}) needs root: {e.strerror}") from None
+    except FileNotFoundError:
+        raise InputError(f"state directory {sdir.parent}: its parent does not exist (it is made, not its parents)") from None
 
 
 def check_within(within_s: float) -> float:
