@@ -66,6 +66,8 @@ def private_dir(path: str | Path, *, create: bool = True, group_other_ok: int = 
         if create:
             raise
         return None
+    if st.st_uid == 0 and os.geteuid() != 0 and stat.S_ISDIR(st.st_mode):
+        raise PermissionError(errno.EACCES, f"{path} is root's", str(path))  # a user reading root's state
     problems = []
     if not stat.S_ISDIR(st.st_mode):
         problems.append("a link" if stat.S_ISLNK(st.st_mode) else "not a directory")
