@@ -128,7 +128,7 @@ def detached_command_line(
         f"echo $? > {rc_tmp} && mv -f {rc_tmp} {rc_path}"
     )
     return (
-        f"umask 077 && set -C && cat > {env_path} && "
+        f"(umask 077 && set -C && cat > {env_path}) && "  # the rank keeps the login's umask
         f"setsid -f {'env ' + q(marker) + ' ' if marker else ''}sh -c {q(script)} < /dev/null > {q(str(d / 'log'))} 2>&1"
     )
 
