@@ -27,6 +27,7 @@ from shaping.files import atomic_write
 from shaping.plan import LinkShape
 from testbed import calibration as cal
 from testbed import launch_plan
+from testbed.cluster import registry
 from testbed.config import Trial
 from testbed.errors import InputError, LaunchError
 
@@ -67,7 +68,7 @@ def run_calibration(
 ) -> tuple[cal.Calibration, Path]:
     """Measure, fit and store; returns the calibration and the JSON's path (the figure is beside it, .png).
     `shape` None measures at the cluster's current shaping, or with every link unshaped when `unshaped`."""
-    from testbed.launch import TrialFailed, make_plan, watch_ranks
+    from testbed.launch import TrialFailed, end_trial, make_plan, watch_ranks
 
     check_settings(sizes_bytes, reps, timeout_s)
     if unshaped and shape is not None:
@@ -96,6 +97,12 @@ def run_calibration(
     plan = make_plan(cluster, trial, rank_out, timeout_s=timeout_s)  # the trials' placement and environment
     used = list(plan.hosts)
     procs = []
+    # what the next command on the cluster needs to end this calibration's ranks and restore the shaping after a
+    # SIGKILL of this process (testbed.cluster_lease)
+    note = {"what": f"calibration {run_id}", "hosts": [h.name for h in hosts], "processes": [],
+            "shape_before": configured.to_dict() if configured else None,
+            "holder": registry.holder(cluster.name)}  # fmt: skip
+    registry.record_trial(cluster.name, note)
     try:
         if shape is not None:
             say(f"shaping at {shape.describe()}")
@@ -117,6 +124,9 @@ def run_calibration(
             )
             argv = [sys.executable, "-m", "runners.collbench", *args.to_argv()]
             procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=work / "logs" / r.log_name))
+            if (handle := procs[-1].handle()) is not None:
+                note["processes"].append(handle)
+                registry.record_trial(cluster.name, note)
         try:
             watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=work)
         except TrialFailed as e:
@@ -127,14 +137,14 @@ def run_calibration(
         except FileNotFoundError:
             raise LaunchError(f"calibration: rank 0 wrote no results (logs in {work / 'logs'})") from None
     finally:
-        for p in procs:
-            p.kill_group()
-        if shape is not None or (unshaped and configured is not None):
-            say("restoring shaping")
-            if configured is not None:
-                cluster.apply_shaping(configured, hosts)
-            else:
-                cluster.clear_shaping(hosts)
+        try:
+            problems = end_trial(cluster, procs, configured, hosts, say, restore=shape is not None or
+                                 (unshaped and configured is not None))  # fmt: skip
+        finally:
+            registry.clear_trial(cluster.name)
+        if problems and sys.exc_info()[0] is None:  # never hide the error that ended the calibration
+            raise LaunchError(f"calibration: cleaning up failed: {'; '.join(problems)}; `testbed down --name "
+                              f"{cluster.name}` ends what is left")  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)  # kept only when the run failed: its error names the logs there
     calibration = cal.calibration_from_bench(bench, cluster=cluster.name, rate_bps=rate_bps)
     path = save_calibration(calibration, out_dir)

@@ -62,11 +62,12 @@ def finish_dead_trial(name: str, *, say: Say = say_stderr, restore_shaping: bool
                 _restore(cluster, note)
             except Exception as e:  # noqa: BLE001 - the row is stored whatever happens here
                 problems.append(f"restoring shaping: {e}")
-    stored = _store_row(note, problems)
+    stored = _store_row(note, problems) if note.get("row") else None  # a calibration has no row
     registry.clear_trial(name)
     killed_by = note.get("holder") or {}
+    what = f"the trial {note['row']['trial_id']}" if note.get("row") else f"the {note.get('what', 'work')}"
     say(
-        f"cluster {name}: the trial {note['row']['trial_id']} of pid {killed_by.get('pid')} (`{killed_by.get('command')}`)"
+        f"cluster {name}: {what} of pid {killed_by.get('pid')} (`{killed_by.get('command')}`)"
         f" was killed; ended {ended} leftover process{'es' if ended != 1 else ''}"
         + (", restored its shaping" if restore_shaping and cluster is not None else "")
         + (f", stored its row as interrupted in {stored}" if stored else "")

@@ -227,15 +227,19 @@ def run_trial(
     return row
 
 
-def end_trial(cluster, procs: list, configured, hosts, say: Callable[[str], None]) -> list[str]:
-    """Kill every process of the trial and put the cluster's shaping back; each step runs even when one before it
-    failed (an SSH connection down, an squeue error). Returns what failed, in words."""
+def end_trial(
+    cluster, procs: list, configured, hosts, say: Callable[[str], None], *, restore: bool = True
+) -> list[str]:
+    """Kill every process of the trial and (with `restore`) put the cluster's shaping back; each step runs even when
+    one before it failed (an SSH connection down, an squeue error). Returns what failed, in words."""
     problems = []
     for p in procs:
         try:
             p.kill_group()
         except Exception as e:  # noqa: BLE001 - the other kills, the restore and the row must still happen
             problems.append(f"ending {p.host.name}'s process {getattr(p, 'pid', '?')} failed ({e})")
+    if not restore:
+        return problems
     say("restoring shaping")
     try:
         if configured is not None:

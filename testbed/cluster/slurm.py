@@ -205,6 +205,9 @@ class SrunRankProcess(RankProcess):
             return
         self.cluster.cancel_step(self.step_name, self.proc, grace_s=grace_s)
 
+    def handle(self) -> dict[str, Any]:
+        return {"host": self.host.name, "step_name": self.step_name}
+
 
 # ---------------------------------------------------------------------------------------------------- the cluster
 class SlurmCluster(LabCluster):
@@ -333,6 +336,15 @@ class SlurmCluster(LabCluster):
 
     def step_name(self) -> str:
         return f"tb-{self.name}-{secrets.token_hex(4)}"
+
+    def end_leftover(self, handle: dict[str, Any]) -> bool:
+        """A killed controller's step (rank or iperf3 server): its name is unique to this cluster and launch, so a
+        step still running under it is that one; cancelled TERM, then KILL (scancel)."""
+        step = str(handle.get("step_name") or "")
+        if not step.startswith(f"tb-{self.name}-") or step not in self.steps():
+            return False
+        self.cancel_step(step, None)
+        return True
 
     def steps(self) -> dict[str, str]:
         """Step name -> step id (JOB.STEP) of the job's running steps."""

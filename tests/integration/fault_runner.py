@@ -5,8 +5,8 @@ It takes the real runner's command line (and ignores it) and misbehaves as $TEST
   hang      every rank blocks forever (the trial timeout must end it)
   ok        every rank writes a minimal summary.json (rank 0) and exits 0
   dumpenv   like ok, and every rank first writes its whole environment to env-rank{R}.json in the output directory
-  tcshow    like ok, and every rank first writes `tc -j qdisc show dev eth0` (its host's link as the trial ran) to
-            tc-rank{R}.json in the output directory
+  tcshow    like ok, and every rank first writes `tc class show dev eth0` (its host's link as the trial ran) to
+            tc-rank{R}.txt in the output directory
   gate:P    every rank prints its marker line, waits until file P exists (the test opens the gate), then acts as ok
 Blocking is a wait on an Event nobody sets: that is the fault under test, not synchronisation.
 """
@@ -32,9 +32,9 @@ if fault == "dumpenv":
 if fault == "tcshow":
     import subprocess
 
-    shown = subprocess.run(["tc", "-j", "qdisc", "show", "dev", "eth0"], capture_output=True, text=True, check=True)
+    shown = subprocess.run(["tc", "class", "show", "dev", "eth0"], capture_output=True, text=True, check=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"tc-rank{rank}.json").write_text(shown.stdout)
+    (out / f"tc-rank{rank}.txt").write_text(shown.stdout)
 if fault.startswith("gate:"):
     import time
 
