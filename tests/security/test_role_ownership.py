@@ -30,7 +30,7 @@ pytestmark = [
 ]
 
 
-def _playbook(tmp: Path, task_files: list[str], **vars_) -> subprocess.CompletedProcess:
+def _playbook(tmp: Path, task_files: list[str], env_extra: dict[str, str] | None = None, **vars_) -> subprocess.CompletedProcess:
     book = tmp / "play.yml"
     tasks = [{"ansible.builtin.include_role": {"name": "testbed_host", "tasks_from": f}} for f in task_files]
     book.write_text(json.dumps([{"hosts": "all", "gather_facts": False, "tasks": tasks}]))
@@ -41,7 +41,7 @@ def _playbook(tmp: Path, task_files: list[str], **vars_) -> subprocess.Completed
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible" / "ansible.cfg"),
            "ANSIBLE_ROLES_PATH": str(REPO / "ansible" / "roles"), "ANSIBLE_HOME": str(home),
            "ANSIBLE_LOCAL_TEMP": str(home / "tmp"), "ANSIBLE_REMOTE_TEMP": str(home / "remote"),
-           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}  # fmt: skip
+           "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", **(env_extra or {})}  # fmt: skip
     argv = [str(ANSIBLE_PLAYBOOK), "-c", "local", "-i", "localhost,", str(book), "-e", f"@{extra}"]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
 
@@ -70,15 +70,22 @@ def test_the_role_unpacks_the_checkout_as_roots_files(unprivileged_user, private
     for path in [src, *src.rglob("*")]:
         os.chown(path, unprivileged_user.uid, unprivileged_user.gid)
         os.chmod(path, 0o775)
+    (src / "results").mkdir()
+    (src / "results" / "token.txt").write_text("not a package file")  # beside the packages: never shipped
     dest = private_tmp / "opt" / "src"
     dest.parent.mkdir(mode=0o755)
     helper = private_tmp / "bin" / "testbed-shaping"
-    done = _playbook(private_tmp, ["project_source.yml", "shaping_helper.yml"], testbed_host_source_dir=str(src),
-                     testbed_host_source_archive=str(private_tmp / "src.tar.gz"), testbed_host_project_dir=str(dest),
+    controller_tmp = private_tmp / "controller-tmp"  # the role run by hand (no archive named): its private pack dir
+    controller_tmp.mkdir()
+    done = _playbook(private_tmp, ["project_source.yml", "shaping_helper.yml"], {"TMPDIR": str(controller_tmp)},
+                     testbed_host_source_dir=str(src), testbed_host_source_members=["pyproject.toml", "shaping"],
+                     testbed_host_project_dir=str(dest),
                      testbed_host_python=sys.executable, testbed_shaping_helper=str(helper),
                      testbed_host_shaping_sudoers_path=str(private_tmp / "sudoers"))  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert (dest / "shaping" / "commit_confirm.py").is_file()
+    assert sorted(p.name for p in dest.iterdir()) == ["pyproject.toml", "shaping"]  # the package files only
+    assert list(controller_tmp.iterdir()) == [], "the private archive directory was left behind"
     assert _not_roots(dest) == []
     st = os.stat(helper)
     assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o755
