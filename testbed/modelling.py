@@ -20,6 +20,7 @@ from typing import Any
 from shaping.files import atomic_write
 from testbed import calibration as cal
 from testbed import perfmodel as pm
+from testbed import plugins
 from testbed.errors import InputError, TestbedError
 
 Status = Callable[[str], AbstractContextManager[Any]]  # e.g. rich's Console.status: shown while measuring
@@ -109,12 +110,11 @@ def measure_lockstep(
     process group if it is still there when this returns or fails."""
     import signal
     import subprocess
-    import sys
     import time
 
     with tempfile.TemporaryDirectory(prefix="gcprof-lockstep-") as tmp:
         out = Path(tmp) / "lockstep.json"
-        argv = [sys.executable, "-m", "runners.profile", "--model", model, "--batch-size", str(batch_size),
+        argv = [*plugins.python_argv("-m", "runners.profile"), "--model", model, "--batch-size", str(batch_size),
                 "--compressors", ",".join(names), "--iters", str(iters), "--bucket-cap-mb", str(bucket_cap_mb),
                 "--threads", str(threads), "--device", device, "--lockstep-world", str(ranks),
                 "--init-method", f"file://{tmp}/store", "--out", str(out)]  # fmt: skip
@@ -124,15 +124,16 @@ def measure_lockstep(
             argv += ["--seq-len", str(seq_len)]
         if options:
             argv += ["--options-json", json.dumps(options)]
-        env = dict(os.environ)
-        if plugin_path:
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (plugin_path, env.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ)  # this machine's own processes: the controller's environment
+        # -P and a fixed working directory: a `runners/` or `json.py` where the user stands never runs (as root)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (plugins.plugin_pythonpath(plugin_path), env.get("PYTHONPATH")) if p)
         procs: list[subprocess.Popen] = []
         errs = [open(Path(tmp) / f"rank{r}.err", "w+") for r in range(ranks)]  # noqa: SIM115 (closed below)
         try:
             for r in range(ranks):
                 procs.append(subprocess.Popen([*argv, "--lockstep-rank", str(r)], stdout=subprocess.DEVNULL,
-                                              stderr=errs[r], env=env, start_new_session=True))  # fmt: skip
+                                              stderr=errs[r], env=env, cwd=plugins.SAFE_CWD,
+                                              start_new_session=True))  # fmt: skip
             deadline = time.monotonic() + timeout_s
             codes: list[int | None] = [None] * ranks
             # until all are done or one failed: the others of a failed rank would wait for it in gloo for minutes

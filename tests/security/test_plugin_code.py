@@ -67,3 +67,19 @@ def test_dry_run_locates_the_plugin_without_importing_it(make_cluster, testbed_c
     # the help says what a plugin is
     helped = testbed_cli("run", "--help")
     assert "code, run as root in local mode" in " ".join(helped.stdout.split())
+
+
+def test_colocated_profile_ranks_import_nothing_of_the_current_directory(tmp_path, monkeypatch):
+    """`testbed profile --colocated N` starts N `python -m runners.profile` processes as root: from a directory holding
+    a planted `runners/` and `json.py`, the real modules run and the planted ones never do."""
+    from testbed.modelling import measure_lockstep
+
+    cwd, marker = tmp_path / "cwd", tmp_path / "MARKER"
+    _plant(cwd, marker)
+    (cwd / "runners" / "profile.py").write_text(PLANT.format(marker=str(marker), what="runners.profile"))
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("PYTHONPATH", "")  # what the installed command has: nothing of the cwd
+    out = measure_lockstep(2, "mlp", 4, ["syncsgd"], None, image_size=None, seq_len=None, iters=1, bucket_cap_mb=25,
+                           threads=1, device="cpu", timeout_s=240)  # fmt: skip
+    assert not marker.exists(), marker.read_text()
+    assert out["forward_s"] > 0  # measured by the real runners.profile
