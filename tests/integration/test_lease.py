@@ -104,8 +104,14 @@ def test_same_out_from_two_processes_keeps_both_attempts(make_cluster, cli_env, 
     args = ["run", "--name", name, "--bw", "100mbit", "--out", str(out), *FAST, *FAULT_RUNNER, "--env",
             "TESTBED_FAULT=ok", "--rerun", "--wait", "300"]  # fmt: skip
     procs = [
-        subprocess.Popen([sys.executable, "-m", "testbed.cli", *args], env=cli_env, cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-m", "testbed.cli", *args],
+            env=cli_env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
         for _ in range(2)
     ]
     try:
