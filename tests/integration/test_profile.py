@@ -48,7 +48,7 @@ def test_a_failing_lockstep_rank_is_reported_and_none_is_left():
     from testbed.errors import TestbedError
     from testbed.modelling import measure_lockstep
 
-    with pytest.raises(TestbedError, match=r"rank 0 failed \(exit 2\).*nosuch"):
+    with pytest.raises(TestbedError, match=r"rank [01] failed \(exit 2\).*nosuch"):
         measure_lockstep(2, "mlp", 9, ["nosuch"], None, image_size=None, seq_len=None, iters=1, bucket_cap_mb=25,
                          threads=1, device="cpu", timeout_s=120)  # fmt: skip
     assert _lockstep_ranks(9) == []
