@@ -9,6 +9,7 @@ Prints one JSON line from rank 0: size, repetitions, mean seconds per all-reduce
 import argparse
 import json
 import os
+import sys
 import time
 from datetime import timedelta
 
@@ -20,13 +21,18 @@ p.add_argument("--bytes", type=int, default=64 * 2**20)
 p.add_argument("--reps", type=int, default=3)
 p.add_argument("--iface", default="eth0")
 p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+p.add_argument("--timeout-s", type=float, default=300.0, help="collective timeout")
+p.add_argument("--fail-at-init", action="store_true", help=argparse.SUPPRESS)  # the GPU check's fail-fast test
 args = p.parse_args()
+if args.fail_at_init:
+    print(f"allreduce_rank {os.environ.get('RANK')}: exiting 3 at init (--fail-at-init)", flush=True)
+    sys.exit(3)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", args.iface)
 device = torch.device("cpu")
 if args.backend == "nccl":
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(device)
-dist.init_process_group(args.backend, timeout=timedelta(seconds=300))
+dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout_s))
 n = dist.get_world_size()
 x = torch.ones(args.bytes // 4, dtype=torch.float32, device=device)
 dist.all_reduce(x)  # warm-up: connections established

@@ -1,6 +1,6 @@
 """This machine's CUDA devices, as the controller sees them without importing torch (`nvidia-smi`).
 
-`testbed up --gpus all|none|0,1,...` shares them out among emulated hosts (testbed.cluster.local.assign_gpus).
+`testbed up --gpus all|none|0,1,...` shares them out among emulated hosts (`assign_gpus`).
 """
 
 from __future__ import annotations
@@ -49,3 +49,15 @@ def parse_gpus_flag(text: str | None, available: list[int] | None = None) -> lis
             f"this machine has {', '.join(map(str, have))}"
         )
     return wanted
+
+
+def assign_gpus(gpus: list[int], n_hosts: int) -> list[list[int]]:
+    """Share this machine's GPUs out among the emulated hosts: contiguous, equal groups when there are at least as
+    many GPUs as hosts (8 GPUs, 4 hosts: [0,1] [2,3] [4,5] [6,7]; leftovers unused), otherwise one GPU per host in
+    turn, several hosts sharing one (each host still gets its own NCCL host id)."""
+    if not gpus:
+        return [[] for _ in range(n_hosts)]
+    if len(gpus) >= n_hosts:
+        k = len(gpus) // n_hosts
+        return [list(gpus[i * k : (i + 1) * k]) for i in range(n_hosts)]
+    return [[gpus[i % len(gpus)]] for i in range(n_hosts)]

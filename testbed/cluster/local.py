@@ -31,6 +31,7 @@ from testbed.cluster import registry
 from testbed.cluster.base import Cluster, Host, RankProcess
 from testbed.cluster.netns_exec import argv_in_namespace
 from testbed.errors import ClusterError, InputError, PermissionDenied
+from testbed.gpus import assign_gpus  # one home, importable without pyroute2 (the GPU check's loopback fallback)
 
 NS_PREFIX = "tb-"
 DATA_IFACE = "eth0"
@@ -419,18 +420,6 @@ def _python_isolated(argv: list[str], env: dict[str, str]) -> list[str]:
     if len(argv) > 1 and argv[1] in ("-P", "-I"):
         return list(argv)
     return [argv[0], "-P", *argv[1:]]
-
-
-def assign_gpus(gpus: list[int], n_hosts: int) -> list[list[int]]:
-    """Share this machine's GPUs out among the emulated hosts: contiguous, equal groups when there are at least as
-    many GPUs as hosts (8 GPUs, 4 hosts: [0,1] [2,3] [4,5] [6,7]; leftovers unused), otherwise one GPU per host in
-    turn, several hosts sharing one (each host still gets its own NCCL host id)."""
-    if not gpus:
-        return [[] for _ in range(n_hosts)]
-    if len(gpus) >= n_hosts:
-        k = len(gpus) // n_hosts
-        return [list(gpus[i * k : (i + 1) * k]) for i in range(n_hosts)]
-    return [[gpus[i % len(gpus)]] for i in range(n_hosts)]
 
 
 def _describe_shape(shape: dict | None) -> str:
