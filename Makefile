@@ -44,18 +44,23 @@ lint: venv
 bench: sysdeps venv
 	$(BIN)/python bench/shaping_accuracy.py
 
-# GPU check (bench/gpu_check.py): NCCL over sockets between 2 emulated hosts on this machine's GPU(s), then the model
-# calibrated (NCCL), profiled (GPU) and predicted against those trials. Runs with the
-# machine's own python3 and torch (no venv: GPU machines bring their CUDA build); prints "no CUDA device: skipped"
-# where there is none. `make gpu-wheels` first, on a machine with a package registry, for a GPU machine without one.
+# GPU check (bench/gpu_check.py): capabilities, an NCCL preflight, NCCL over sockets between 2 emulated hosts on this
+# machine's GPU(s), then the model calibrated (NCCL), profiled (GPU) and predicted against those trials, all within
+# --deadline (540 s). Runs with the machine's own python3 and torch (no venv: GPU machines bring their CUDA build);
+# prints "no CUDA device: skipped" where there is none. `make gpu-wheels` first, on a machine with a package registry,
+# for a GPU machine without one. Results: GPU_CHECK_ARGS="--out DIR" (the tables and one tarball).
+#   PYTHONUNBUFFERED=1 NCCL_DEBUG=WARN make gpu-check GPU_CHECK_ARGS="--out $$OUT"
 GPU_PYTHON ?= python3
+GPU_CHECK_ARGS ?=
 gpu-check:
-	$(GPU_PYTHON) bench/gpu_check.py
+	$(GPU_PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Pure-Python wheels the controller side needs that a bare GPU machine may lack; bench/gpu_check.py puts them on
 # sys.path. (Carry .gpu-wheels along with the checkout.)
+# Pure-Python (py3-none-any) wheels only, for the GPU machine's Python 3.12; gpu_check runs without them too (loopback).
 gpu-wheels: venv
-	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: -d .gpu-wheels 'pyroute2>=0.9.7,<0.10'
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation py \
+	  --abi none --platform any -d .gpu-wheels 'pyroute2>=0.9.7,<0.10'
 
 # Remove every cluster the testbed made on this machine (also leftovers of crashed runs).
 clean-cluster: venv
