@@ -94,17 +94,21 @@ def cmd_up(args: argparse.Namespace) -> int:
             _print_lab_hosts(status, shape)
         return 0
     from testbed.cluster.local import DEFAULT_SUBNET, LocalCluster
+    from testbed.cluster_lease import hold
     from testbed.gpus import parse_gpus_flag
 
-    cluster, created = LocalCluster.up(
-        args.name,
-        4 if args.hosts is None else args.hosts,
-        shape=shape,
-        subnet=args.subnet or DEFAULT_SUBNET,
-        recreate=args.recreate,
-        force=args.force,
-        gpus=parse_gpus_flag(args.gpus),
-    )
+    registry.check_name(args.name)
+    # --recreate removes the cluster first: never under a command that holds it (refused, naming the holder)
+    with hold(args.name) if args.recreate else contextlib.nullcontext():
+        cluster, created = LocalCluster.up(
+            args.name,
+            4 if args.hosts is None else args.hosts,
+            shape=shape,
+            subnet=args.subnet or DEFAULT_SUBNET,
+            recreate=args.recreate,
+            force=args.force,
+            gpus=parse_gpus_flag(args.gpus),
+        )
     verified = _verify(cluster, shape) if args.verify else None
     if args.json:
         print_json({"created": created, **cluster.status(), "probe": verified})

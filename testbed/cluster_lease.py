@@ -42,8 +42,8 @@ def finish_dead_trial(name: str, *, say: Say = say_stderr, restore_shaping: bool
     """Finish the trial a killed command left noted on cluster `name` (the caller holds the lease); returns the
     note, or None when there was none."""
     note = registry.trial_in_flight(name)
-    if note is None:
-        return None
+    if note is None or registry.holder_alive(note.get("writer")):
+        return None  # nothing in flight, or its writer still runs (a bench calling run_trial without the lease)
     problems: list[str] = []
     ended = 0
     cluster = None

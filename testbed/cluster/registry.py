@@ -240,7 +240,8 @@ def lease_status(name: str) -> dict[str, Any] | None:
 def record_trial(name: str, trial: dict[str, Any]) -> None:
     """Note the trial now running on the cluster (its processes, results directory, row, the shaping before), so
     whoever takes the lease after a SIGKILL of this command can finish it. Only the lease holder calls this."""
-    atomic_write(lease_path(name, "trial.json"), json.dumps(trial, sort_keys=True, default=str))
+    me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
+    atomic_write(lease_path(name, "trial.json"), json.dumps({**trial, "writer": me}, sort_keys=True, default=str))
 
 
 def trial_in_flight(name: str) -> dict[str, Any] | None:

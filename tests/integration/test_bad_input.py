@@ -407,18 +407,23 @@ def test_an_unreadable_row_is_a_warning_not_a_failure(env, tmp_path):
 
 @pytest.mark.root
 def test_status_reports_a_half_made_cluster_and_down_removes_it(env, tmp_path):
-    """An interrupted `up` leaves namespaces without a record: `status` says so (exit 1), `down` removes them."""
+    """An interrupted `up` leaves namespaces without a record: `status` says so (exit 1), `down` removes them. Only
+    namespaces the testbed marked as its own count: a foreign one with the cluster's prefix is neither."""
     name = "t" + random_suffix()
-    ns = f"tb-{name}-h0"
+    ns, foreign = f"tb-{name}-h0", f"tb-{name}-vpn"
     subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True)
+    subprocess.run(["ip", "netns", "add", foreign], check=True, capture_output=True)
+    # the mark `up` gives every namespace it makes (testbed.cluster.local.MARK_PREFIX)
+    subprocess.run(["ip", "-n", ns, "link", "set", "lo", "alias", f"testbed-cluster:{name}"], check=True)
     try:
         done = _cli(env, tmp_path, "status", "--name", name)
         assert done.returncode == 1
         line = one_line(done.stderr)
-        assert "half-made" in line and ns in line and f"testbed down --name {name}" in line
+        assert "half-made" in line and ns in line and f"testbed down --name {name}" in line and foreign not in line
         every = _cli(env, tmp_path, "status", "--all", "--json")
         assert {"name": name, "half_made": True, "namespaces": [ns]} in json.loads(every.stdout)
         assert _cli(env, tmp_path, "down", "--name", name).returncode == 0
-        assert ns not in netns_list()
+        assert ns not in netns_list() and foreign in netns_list()
     finally:
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "delete", foreign], capture_output=True, check=False)
