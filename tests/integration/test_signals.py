@@ -230,3 +230,35 @@ def test_shape_with_empty_host_names_is_refused(make_cluster, testbed_cli, hosts
     assert done.returncode == 2
     assert "--hosts" in one_line(done.stderr)
     assert link_rates(testbed_cli, name) == {1_000_000_000}  # nothing changed
+
+
+def test_a_failing_kill_skips_neither_the_other_kills_nor_the_restore(make_cluster, testbed_cli, tmp_path):
+    """One process whose kill fails (an SSH connection down, an squeue error: a stand-in here, since a host cannot be
+    made unreachable mid-call on this machine) must not keep the next process from being ended nor the shaping from
+    being put back; the failure is reported."""
+    from shaping.plan import LinkShape
+    from testbed.cluster import backends
+    from testbed.cluster.base import RankProcess
+    from testbed.errors import ClusterError
+    from testbed.launch import end_trial
+
+    name = make_cluster(2, "--bw", "1gbit")
+    cluster = backends.open_cluster(name)
+    hosts = cluster.hosts()
+    configured = cluster.recorded_shape()
+    cluster.apply_shaping(LinkShape.from_dict({"rate_bps": 100_000_000}), hosts)  # the trial's rate
+
+    class Unreachable(RankProcess):
+        host = hosts[0]
+
+        def poll(self):
+            return None
+
+        def kill_group(self):
+            raise ClusterError("host h0: ssh: connection refused")
+
+    real = cluster.start(hosts[1], ["sleep", "600"], env={}, log_path=tmp_path / "sleep.log")
+    problems = end_trial(cluster, [Unreachable(), real], configured, hosts, lambda _m: None)
+    assert len(problems) == 1 and "connection refused" in problems[0]
+    assert real.poll() is not None and not alive(real.pid)
+    assert link_rates(testbed_cli, name) == {1_000_000_000}
