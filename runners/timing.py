@@ -67,7 +67,7 @@ class CommStats:
     all-reduce, this rank's contribution for an all-gather.
     """
 
-    __slots__ = ("clock", "intervals", "payload", "collectives", "hook_end", "hook_calls", "probe")
+    __slots__ = ("clock", "intervals", "payload", "collectives", "hook_end", "hook_calls", "probe", "marks")
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock
@@ -80,6 +80,10 @@ class CommStats:
         self.collectives = 0
         self.hook_end = None
         self.hook_calls = 0
+        # point marks for the timeline and the overlap split (runners/timeline.py): (kind, bucket, mark, waited)
+        # with kind "ready" (DDP handed the bucket over), "returned" (the hook returned), "issue" (a collective
+        # issued), "done" (it completed; waited: the training thread was blocked on it)
+        self.marks: list[tuple[str, int, object, bool]] = []
 
     def bind(self, device: torch.device) -> Clock:
         """Use a clock for ``device`` unless the runner already set one."""
@@ -94,7 +98,22 @@ class CommStats:
         """End an interval begun with ``start()``. ``critical=False`` marks work done in a future callback, off
         the backward thread (it is exposed only if it runs while DDP already waits)."""
         if mark is not None:
-            self.intervals.append((phase, bucket_index, mark, self.clock.now(), critical))
+            end = self.clock.now()
+            self.intervals.append((phase, bucket_index, mark, end, critical))
+            if phase == "comm":  # a wait on a collective ends when the collective is done
+                self.marks.append(("done", bucket_index, end, critical))
+
+    def mark(self, kind: str, bucket_index: int) -> None:
+        """A point mark: "ready" (DDP handed the bucket to the hook), "returned" (the hook returned); taken by
+        runners.timeline.marking_hook."""
+        if self.clock is not None:
+            self.marks.append((kind, bucket_index, self.clock.now(), False))
+
+    def collective_done(self, bucket_index: int) -> None:
+        """A collective of ``bucket_index`` that nobody waited on completed (called first thing in its future's
+        callback, on the communication thread). Waited collectives are marked by ``stop("comm", ...)``."""
+        if self.clock is not None:
+            self.marks.append(("done", bucket_index, self.clock.now(), False))
 
     def intervals_with_kind(self):
         return list(self.intervals)
@@ -105,6 +124,8 @@ class CommStats:
 
     def before_collective(self, bucket_index: int) -> None:
         """Called right before a compressor issues a collective (same order on every rank)."""
+        if self.clock is not None:
+            self.marks.append(("issue", bucket_index, self.clock.now(), False))
         if self.probe is not None:
             self.probe.join(bucket_index)
 

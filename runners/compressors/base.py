@@ -303,6 +303,7 @@ def _finish(state: CompressorState, work, index: int, decode, result: torch.Tens
         return completed_future(out)
 
     def chained(fut):
+        stats.collective_done(index)
         fut.value()  # completed: raises the collective's error, never blocks
         # CUDA: this runs on a stream the future took from the pool, after it waited on the collective's events;
         # DDP waits on the chained future's event recorded there. The result is used on this stream: mark it.
@@ -332,7 +333,13 @@ def allreduce_mean_async(state: CompressorState, bucket) -> torch.futures.Future
     state.stats.before_collective(index)
     fut = dist.all_reduce(buf, group=state.process_group, async_op=True).get_future()
     state.stats.end_hook()
-    return fut.then(lambda f: f.value()[0])
+    stats = state.stats
+
+    def done(f):
+        stats.collective_done(index)
+        return f.value()[0]
+
+    return fut.then(done)
 
 
 # ----------------------------------------------------------------------------------------------------------------
