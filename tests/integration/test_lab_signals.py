@@ -106,9 +106,14 @@ def test_signal_of_a_lab_run_leaves_nothing_running_or_shaped(lab, lab_cluster, 
         assert proc.returncode == 128 + sig, proc.stderr.read()[-1500:]
     else:
         assert set(ranks) <= set(fault_ranks(lab))  # SIGKILL: the setsid'd ranks are still there...
-        nxt = cli("shape", "--name", name, "--bw", "100mbit")  # ...until the next command on the cluster
+        assert json.loads(cli("status", "--name", name, "--json").stdout)["shape"]["rate_bps"] == 100_000_000
+        nxt = cli("shape", "--name", name, "--bw", "80mbit")  # ...until the next command on the cluster
         assert nxt.returncode == 0, nxt.stderr
         assert "was killed" in nxt.stderr and "ended 2 leftover processes" in nxt.stderr, nxt.stderr
+        # `shape` on every lab host is the cluster's recorded shaping from now on, as on the emulated cluster
+        assert json.loads(cli("status", "--name", name, "--json").stdout)["shape"]["rate_bps"] == 80_000_000
+        assert _rates(cli, name) == {80_000_000}
+        assert cli("shape", "--name", name, "--bw", "100mbit").returncode == 0
     assert fault_ranks(lab) == []
     assert _rates(cli, name) == {100_000_000}  # up's shaping is back
     [row] = rows(out)
