@@ -231,8 +231,12 @@ def _busy_message(name: str, info: dict[str, Any] | None, wait_s: float, force: 
 
 
 def lease_status(name: str) -> dict[str, Any] | None:
-    """The live holder of the cluster's lease (for `status`), or None when it is free. Reads only: takes nothing."""
-    info = holder(name)
+    """The live holder of the cluster's lease (for `status`), or None when it is free or cannot be read (a user
+    without access to the state directory). Reads only: takes nothing."""
+    try:
+        info = holder(name)
+    except (OSError, ClusterError):
+        return None
     return info if holder_alive(info) else None
 
 
