@@ -121,8 +121,12 @@ class ClusterBusy(ClusterError):
 
 def _lease_dir() -> Path:
     path = state_dir() / "leases"
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(path)
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise ClusterError(f"{path}: cannot keep the clusters' leases there ({e.strerror}); the state directory "
+                           "($TESTBED_STATE_DIR, default /run/testbed) must be yours and writable") from None  # fmt: skip
     if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid():
         raise ClusterError(f"{path}: not a directory of this user's; the testbed keeps its leases there")
     return path
