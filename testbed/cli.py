@@ -282,12 +282,22 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise ClusterError(_half_made_line(args.name, half[args.name]))
     status = backends.open_cluster(args.name).status()
     status["in_use_by"] = registry.lease_status(args.name)  # read only: status never waits for the lease
+    unfinished = None if status["in_use_by"] else registry.unfinished_trial(args.name)
+    if unfinished:
+        status["unfinished_trial"] = unfinished
     if args.json:
         print_json(status)
-    else:
-        _print_hosts(status)
-        if status["in_use_by"]:
-            console.print(f"in use by {registry.describe_holder(status['in_use_by'])}", markup=False)
+        return 0
+    _print_hosts(status)
+    if status["in_use_by"]:
+        console.print(f"in use by {registry.describe_holder(status['in_use_by'])}", markup=False)
+    if unfinished:
+        console.print(
+            f"the {unfinished['what']} of pid {unfinished['pid']} was killed; the next command on the cluster (run, "
+            f"sweep, calibrate, probe, shape, down) ends its {unfinished['processes']} leftover processes, restores "
+            "the shaping and stores its row",
+            markup=False,
+        )
     return 0
 
 

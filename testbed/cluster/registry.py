@@ -256,5 +256,18 @@ def trial_in_flight(name: str) -> dict[str, Any] | None:
     return _read_json(lease_path(name, "trial.json"))
 
 
+def unfinished_trial(name: str) -> dict[str, Any] | None:
+    """What `status` says of a trial whose command was killed (its writer gone): the pid, what it was, how many
+    processes it noted; None when there is none or it cannot be read. Reads only."""
+    try:
+        note = trial_in_flight(name)
+    except (OSError, ClusterError):
+        return None
+    if not note or holder_alive(note.get("writer")):
+        return None
+    what = f"trial {note['row'].get('trial_id')}" if isinstance(note.get("row"), dict) else note.get("what", "work")
+    return {"pid": (note.get("writer") or {}).get("pid"), "what": what, "processes": len(note.get("processes") or [])}
+
+
 def clear_trial(name: str) -> None:
     lease_path(name, "trial.json").unlink(missing_ok=True)

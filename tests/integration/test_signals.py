@@ -112,6 +112,8 @@ def test_sigkill_leftovers_are_ended_by_the_next_command(make_cluster, cli_env, 
     assert all(alive(p) for p in pids)  # a SIGKILLed controller leaves its ranks (they are in their own session)...
     assert link_rates(testbed_cli, name) == {100_000_000}  # ...and its shaping; `status` only reads
     assert rows(out) == []
+    status = json.loads(testbed_cli("status", "--name", name, "--json").stdout)
+    assert status["unfinished_trial"] == {"pid": proc.pid, "what": status["unfinished_trial"]["what"], "processes": 2}
     # the next command on the cluster finds them first
     after = testbed_cli("shape", "--name", name, "--bw", "500mbit")
     assert after.returncode == 0, after.stderr
