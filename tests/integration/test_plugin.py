@@ -26,12 +26,13 @@ def test_plugin_runs_like_a_builtin(make_cluster, testbed_cli, cli_env, tmp_path
     out = tmp_path / "res"
     plugin = ["--compressor", "randk:make", "--plugin-path", "examples", "--opt", "ratio=0.05"]
 
-    # the plan names the plugin directory as the ranks' only PYTHONPATH; the controller's own PYTHONPATH stays here
+    # the plan puts the plugin directory first on the ranks' PYTHONPATH; an emulated host is this machine, so the
+    # controller's own (absolute) entries follow (docs/lab-guide.md, "What reaches a rank's environment")
     dry = testbed_cli("run", "--name", name, "--bw", "200mbit", *plugin, *FAST, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     assert cli_env["PYTHONPATH"].startswith(str(REPO))
-    assert {r["env"]["PYTHONPATH"] for r in plan["plan"]["ranks"]} == {str(EXAMPLES)}
+    assert {r["env"]["PYTHONPATH"] for r in plan["plan"]["ranks"]} == {f"{EXAMPLES}:{REPO}"}
     assert plan["trial"]["plugin_path"] == str(EXAMPLES) and plan["trial"]["options"] == {"ratio": 0.05}
     assert plan["plugin"]["sha256"] == RANDK_SHA and plan["plugin"]["imported"] is False  # located, not run
 
