@@ -268,3 +268,62 @@ def check_model(name: str) -> str:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
     return name
+
+
+# ---------------------------------------------------------------------------------------------- data sets
+FASHION_MNIST_ROOT = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist (IDX, gzip)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSet:
+    """A data set a rank can train on: its shape, classes, split sizes and the models that make sense on it."""
+
+    kind: str  # synthetic | fashion-mnist | cifar10 | imagefolder
+    summary: str
+    models: tuple[str, ...]  # the models that accept it (input channels and classes follow the data)
+    channels: int | None = None  # None: the model's own (synthetic)
+    image_size: int | None = None  # None: --image-size (synthetic, imagefolder: resized to it)
+    classes: int | None = None  # None: found in the directory (imagefolder) or the model's own (synthetic)
+    train_size: int | None = None
+    test_size: int | None = None
+    mean: float = 0.5  # per-channel normalisation of pixels in [0, 1]
+    std: float = 0.25
+    takes_dir: bool = False  # spelled KIND:DIR
+
+
+DATASETS: dict[str, DataSet] = {
+    d.kind: d
+    for d in (
+        DataSet("synthetic", "deterministic random batches (speed only; the default)", MODEL_NAMES),
+        DataSet("fashion-mnist", f"Fashion-MNIST, 28x28 grayscale, 10 classes, from {FASHION_MNIST_ROOT}",
+                ("cnn", "resnet18"), 1, 28, 10, 60000, 10000, 0.2860, 0.3530),
+        DataSet("cifar10", "CIFAR-10 (torchvision's python layout: DIR/cifar-10-batches-py), 32x32 RGB",
+                ("cnn", "resnet18"), 3, 32, 10, 50000, 10000, 0.4734, 0.2516, takes_dir=True),
+        DataSet("imagefolder", "DIR/train/CLASS/*.png|jpg and DIR/test/CLASS/* (or val/), RGB, resized to --image-size",
+                ("cnn", "resnet18", "resnet50", "resnet101"), 3, None, None, takes_dir=True),
+    )
+}  # fmt: skip
+DEFAULT_DATA = "synthetic"
+DATA_FORMS = "synthetic, fashion-mnist, cifar10:DIR or imagefolder:DIR (DIR absolute, the same on every host)"
+
+
+def parse_data(spec: str) -> tuple[DataSet, str | None]:
+    """`--data` as typed: (the data set, its directory or None). ValueError naming what is accepted."""
+    kind, sep, path = str(spec).partition(":")
+    entry = DATASETS.get(kind)
+    if entry is None:
+        raise ValueError(f"--data {spec!r}: unknown data set; accepted {DATA_FORMS}")
+    if entry.takes_dir and (not sep or not path.startswith("/")):
+        raise ValueError(f"--data {spec!r}: {kind} needs an absolute directory, e.g. --data {kind}:/data/{kind}")
+    if not entry.takes_dir and sep:
+        raise ValueError(f"--data {spec!r}: {kind} takes no directory; accepted {DATA_FORMS}")
+    if kind == "fashion-mnist":
+        return entry, FASHION_MNIST_ROOT
+    return entry, path or None
+
+
+def check_data_model(spec: str, model: str) -> None:
+    entry, _ = parse_data(spec)
+    if model not in entry.models:
+        raise ValueError(f"--model {model} does not train on --data {spec}; models for {entry.kind}: "
+                         f"{', '.join(entry.models)}")  # fmt: skip

@@ -34,6 +34,12 @@ SUMMARY_METRICS = (
     "wire_tx_bytes_per_iter",
     "wire_rx_bytes_per_iter",
     "peer_wait_s",  # null unless --skew-probe
+    # the overlap split (runners/timeline.py): comm columns null for built-in syncsgd, all null with --no-timing
+    "comm_wire_s",
+    "comm_hidden_s",
+    "comm_exposed_s",
+    "codec_critical_s",
+    "codec_hidden_s",
 )
 
 # What summary.json's "env" says about the software and hardware a trial ran on (results columns of the same name).
@@ -47,6 +53,22 @@ SUMMARY_ENV_KEYS = (
     "driver_version",
 )
 
+
+# Keys of summary.json about learning (--data, --eval-every, --target-accuracy): results columns of the same name,
+# null for a synthetic trial without evaluation (the launcher copies them when present).
+SUMMARY_ACCURACY = (
+    "data",
+    "steps_run",
+    "train_time_s",
+    "eval_time_s",
+    "eval_samples",
+    "final_test_loss",
+    "final_test_accuracy",
+    "reached_target",
+    "steps_to_target",
+    "train_time_to_target_s",
+    "curve",
+)
 
 FLAG_FIELDS = ("serial", "skew_probe", "no_timing")  # switches present or absent on the command line
 
@@ -102,6 +124,12 @@ class RankArgs:
     skew_probe: bool = False
     no_timing: bool = False
     threads: int = 0
+    timeline_iters: int = 0  # keep the marks of the last N measured iterations (timeline_rank<r>.json)
+    trace_iters: int = 0  # N extra iterations under torch.profiler after the measured ones (trace_rank<r>.json)
+    data: str = "synthetic"  # runners.catalog.DATASETS: synthetic | fashion-mnist | cifar10:DIR | imagefolder:DIR
+    eval_every: int | None = None  # evaluate on the test split every N steps (and after the last)
+    target_accuracy: float | None = None  # stop once the test accuracy reaches it
+    max_steps: int | None = None  # training steps in all (warm-up included) instead of warmup + iters
 
     HELP = {
         "model": "model name (runners.models.MODELS)",
@@ -120,6 +148,12 @@ class RankArgs:
         "on its own process group",
         "no_timing": "per-phase timers off (phases recorded as null)",
         "threads": "torch intra-op threads (0: torch's default)",
+        "timeline_iters": "keep the marks of the last N measured iterations (timeline_rank<r>.json; 0: none)",
+        "trace_iters": "record N extra iterations with torch.profiler (trace_rank<r>.json, Chrome trace; 0: none)",
+        "data": "synthetic, fashion-mnist, cifar10:DIR or imagefolder:DIR (runners/data.py: seeded shards)",
+        "eval_every": "evaluate on the test split (sharded, summed) every N steps and after the last",
+        "target_accuracy": "stop when the test accuracy reaches this fraction (0, 1]",
+        "max_steps": "training steps in all, warm-up included (default: warmup + iters)",
     }
 
     @property
@@ -184,15 +218,30 @@ class RankArgs:
     def check(self) -> None:
         for flag, value, lo in (("--batch-size", self.batch_size, 1), ("--iters", self.iters, 1),
                                 ("--warmup-iters", self.warmup_iters, 0), ("--image-size", self.image_size, 8),
-                                ("--seq-len", self.seq_len, 1), ("--threads", self.threads, 0)):  # fmt: skip
+                                ("--seq-len", self.seq_len, 1), ("--threads", self.threads, 0),
+                                ("--timeline-iters", self.timeline_iters, 0),
+                                ("--trace-iters", self.trace_iters, 0)):  # fmt: skip
             if value < lo:
                 raise ContractError(f"{flag} {value} is not accepted: expected >= {lo}")
+        if self.timeline_iters > self.iters:
+            raise ContractError(
+                f"--timeline-iters {self.timeline_iters} is not accepted: expected 0 to --iters ({self.iters})"
+            )
+        if self.timeline_iters and self.no_timing:
+            raise ContractError("--timeline-iters needs the phase timers: drop --no-timing")
         if self.seq_len > 512:
             raise ContractError(f"--seq-len {self.seq_len} is not accepted: BERT-base has 512 positions")
         for flag, value in (("--timeout-s", self.timeout_s), ("--bucket-cap-mb", self.bucket_cap_mb),
                             ("--lr", self.lr)):  # fmt: skip
             if not (value > 0 and math.isfinite(value)):
                 raise ContractError(f"{flag} {value} is not accepted: expected a finite number > 0")
+        for flag, value in (("--eval-every", self.eval_every), ("--max-steps", self.max_steps)):
+            if value is not None and value < 1:
+                raise ContractError(f"{flag} {value} is not accepted: expected >= 1")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ContractError(f"--target-accuracy {self.target_accuracy} is not accepted: expected (0, 1]")
+        if self.target_accuracy is not None and (self.eval_every is None or self.max_steps is None):
+            raise ContractError("--target-accuracy needs --eval-every and --max-steps")
 
 
 # ------------------------------------------------------------------------------------------------ environment

@@ -109,10 +109,10 @@ class MLP(nn.Module):
 
 
 class SmallCNN(nn.Module):
-    def __init__(self, classes: int = 10) -> None:
+    def __init__(self, classes: int = 10, in_channels: int = 3) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(in_channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
         )  # fmt: skip
         self.fc = nn.Linear(32, classes)
@@ -144,9 +144,12 @@ def build(
     seq_len: int = 128,
     device: torch.device | str = "cpu",
     distinct_batches: int = 4,
+    in_channels: int = 3,
+    num_classes: int | None = None,
 ) -> ModelSpec:
     """Model with deterministic random init (``seed``, same on every rank) and ``distinct_batches`` synthetic
-    batches per rank (from ``seed`` and ``rank``), cycled by step."""
+    batches per rank (from ``seed`` and ``rank``), cycled by step. ``in_channels`` and ``num_classes`` follow a real
+    data set (runners/data.py; ResNets and the CNN); the defaults are the synthetic task's."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; valid: {', '.join(MODELS)}")
     if batch_size < 1:
@@ -161,12 +164,15 @@ def build(
     if name.startswith("resnet"):
         import torchvision
 
-        module = getattr(torchvision.models, name)(weights=None, num_classes=1000)
+        classes = num_classes or 1000
+        module = getattr(torchvision.models, name)(weights=None, num_classes=classes)
+        if in_channels != 3:
+            module.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
         img = image_size
         batches = [
             (
-                torch.randn(batch_size, 3, img, img, generator=data_gen),
-                torch.randint(0, 1000, (batch_size,), generator=data_gen),
+                torch.randn(batch_size, in_channels, img, img, generator=data_gen),
+                torch.randint(0, classes, (batch_size,), generator=data_gen),
             )
             for _ in range(distinct_batches)
         ]
@@ -194,10 +200,10 @@ def build(
         batches = [(x, (x @ teacher).argmax(dim=1)) for x in xs]
         loss_fn = ce
     else:  # cnn
-        module = SmallCNN()
+        module = SmallCNN(num_classes or 10, in_channels)
         img = image_size
-        teacher = torch.randn(3, 10, generator=gen)
-        xs = [torch.randn(batch_size, 3, img, img, generator=data_gen) for _ in range(distinct_batches)]
+        teacher = torch.randn(in_channels, num_classes or 10, generator=gen)
+        xs = [torch.randn(batch_size, in_channels, img, img, generator=data_gen) for _ in range(distinct_batches)]
         batches = [(x, (x.mean(dim=(2, 3)) @ teacher).argmax(dim=1)) for x in xs]
         loss_fn = ce
     module = module.to(device)

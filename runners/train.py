@@ -27,6 +27,7 @@ rest, the wait on the collectives (runners.train._serial_reduce_phases).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -34,6 +35,7 @@ import platform
 import socket
 import statistics
 import sys
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -43,8 +45,10 @@ from runners.files import atomic_write
 RECORD_KEYS = (
     "rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
     "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes", "peer_wait_s",
+    "comm_wire_s", "comm_hidden_s", "comm_exposed_s", "codec_critical_s", "codec_hidden_s",
 )  # fmt: skip
 PHASES = ("forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s")
+OVERLAP = ("comm_wire_s", "comm_hidden_s", "comm_exposed_s", "codec_critical_s", "codec_hidden_s")  # timeline.py
 
 InputError = ContractError  # bad flags or environment: one line, exit 2
 
@@ -76,6 +80,7 @@ def validate(argv) -> Job:
     args = RankArgs.from_argv(argv)
     if args.model not in MODELS:
         raise InputError(f"unknown model {args.model!r}; valid: {', '.join(MODELS)}")
+    _check_data(args)
     state, hook = compressors.get(args.compressor, overlap=args.overlap, **args.option_dict)  # ValueError if bad
     env = RankEnv.from_environ(os.environ)
     import torch
@@ -95,6 +100,20 @@ def validate(argv) -> Job:
         if args.iface not in psutil.net_if_addrs():
             raise InputError(f"--iface {args.iface!r} does not exist; have: {', '.join(psutil.net_if_addrs())}")
     return Job(args, env, backend, state, hook)
+
+
+def _check_data(args: RankArgs) -> None:
+    """--data names a data set this model trains on, and its files are here (before any process group exists)."""
+    from runners import catalog, datafiles
+
+    try:
+        catalog.check_data_model(args.data, args.model)
+        entry, root = catalog.parse_data(args.data)
+        datafiles.check(entry.kind, root)
+    except ValueError as e:  # DataMissing included
+        raise InputError(f"{e} (host {socket.gethostname()})") from None
+    if args.eval_every is not None and entry.kind == "synthetic":
+        raise InputError("--eval-every needs a real data set (--data fashion-mnist, cifar10:DIR or imagefolder:DIR)")
 
 
 def iface_for(addr: str) -> str | None:
@@ -161,10 +180,12 @@ def _train(job: Job, device) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from runners import compressors
+    from runners import compressors, timeline
     from runners.buckets import BucketRecorder, serial_reduce
     from runners.models import build, make_optimizer
+    from runners.timeline import iteration_record, marking_hook
     from runners.timing import Clock, last_grad_marks
+    from runners.trace import Tracer
 
     args, state, hook = job.args, job.state, job.hook
     rank, world = job.env.rank, job.env.world_size
@@ -173,8 +194,18 @@ def _train(job: Job, device) -> int:
     iter_clock = Clock(device, enabled=True)  # iteration time is always measured
     state.stats.clock = clock
 
-    spec = build(args.model, args.batch_size, seed=args.seed, rank=rank, image_size=args.image_size,
-                 seq_len=args.seq_len, device=device)  # fmt: skip
+    source = None
+    if args.data != "synthetic":  # real data: seeded shards (runners/data.py); channels and classes follow the data
+        from runners.data import ShardedBatches, load
+
+        source = load(args.data, args.image_size)
+    spec = build(args.model, args.batch_size, seed=args.seed, rank=rank, device=device,
+                 image_size=source.image_size if source else args.image_size, seq_len=args.seq_len,
+                 **({"in_channels": source.channels, "num_classes": source.classes, "distinct_batches": 1}
+                    if source else {}))  # fmt: skip
+    if source is not None:
+        spec.make_batch = ShardedBatches(source, rank=rank, world_size=world, batch_size=args.batch_size,
+                                         seed=args.seed, device=device)  # fmt: skip
     model = DDP(spec.module, device_ids=[device.index] if device.type == "cuda" else None,
                 bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # fmt: skip
     recorder = BucketRecorder(clock)
@@ -182,9 +213,9 @@ def _train(job: Job, device) -> int:
     if args.serial:
         if getattr(state, "builtin", False):
             serial_hook = compressors.syncsgd.syncsgd_hook
-        model.register_comm_hook(state, recorder.wrap(serial_hook))
+        model.register_comm_hook(state, recorder.wrap(marking_hook(serial_hook)))
     else:
-        compressors.attach(model, state, hook)
+        compressors.attach(model, state, marking_hook(hook))  # marks each bucket's ready time (runners/timeline.py)
     optimizer = make_optimizer(model.parameters(), args.lr)
     probe = None
     if args.skew_probe and not getattr(state, "builtin", False):  # builtin syncsgd has no hook to probe
@@ -193,6 +224,13 @@ def _train(job: Job, device) -> int:
         probe_group = dist.new_group()
         offsets = estimate_offsets(probe_group, world, device=device)
         probe = state.stats.probe = SkewProbe(probe_group, world, rank, offsets, device=device)
+    # --timeline-iters: the last N measured iterations' marks, with this rank's clock offset from rank 0's
+    kept = collections.deque(maxlen=args.timeline_iters or None)
+    if args.timeline_iters:
+        from runners.timing import estimate_offsets
+
+        timeline_offsets = probe.offsets.tolist() if probe is not None else estimate_offsets(None, world, device=device)
+    tracer = Tracer(device, args.out, rank)  # --trace-iters: torch.profiler over the first N steps after warm-up
 
     # last-gradient marks: the end of backward compute (normal mode, timing on)
     last_grad = last_grad_marks(model.module, clock) if timing and not args.serial else [None]
@@ -206,48 +244,74 @@ def _train(job: Job, device) -> int:
         c = psutil.net_io_counters(pernic=True).get(wire_if)
         return (c.bytes_sent, c.bytes_recv) if c else None
 
+    from runners.evaluation import Learning
+
+    learning = Learning(module=model.module, source=source, eval_every=args.eval_every, target=args.target_accuracy,
+                        rank=rank, world_size=world, device=device)  # fmt: skip
+    total_steps = max(args.max_steps, warmup + 1) if args.max_steps else warmup + args.trace_iters + args.iters
     use_views = False
     records = []
-    for step in range(warmup + args.iters):
+    for step in range(total_steps):
         measured = step >= warmup
         if measured and args.serial and step == warmup:
             use_views = recorder.grads_are_views()
+        if args.trace_iters and step in (warmup, warmup + args.trace_iters):
+            tracer.start() if step == warmup else tracer.finish()
         x, y = spec.make_batch(step)
         state.stats.reset()
         last_grad[0] = None
         w0 = wire()
         it0 = iter_clock.now()
         t0 = clock.now() if timing else None
+        t0_wall = time.time()
+        tracer.phase("forward")
         if args.serial and measured:
             with model.no_sync():
                 loss = spec.loss_fn(model(x), y)
                 t1 = clock.now()
+                tracer.phase("backward")
                 loss.backward()
             t2 = clock.now()
+            tracer.phase("reduce")
             serial_reduce(state, serial_hook, recorder, use_views)
             t_red = clock.now()
         else:
             loss = spec.loss_fn(model(x), y)
             t1 = clock.now()
+            tracer.phase("backward")
             loss.backward()
             t2 = clock.now()
             t_red = t2
+        tracer.phase("optimizer")
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
         t3 = clock.now()
+        tracer.phase(None)
         it1 = iter_clock.now()
         iter_clock.synchronize()
         w1 = wire()
         peer_wait = probe.collect() if probe is not None else None
-        if not measured:
-            continue
         iter_time = iter_clock.seconds(it0, it1)
+        # training time, evaluation every N steps (timed apart), the target stop (runners/evaluation.py)
+        stop = learning.after_step(step, iter_time, loss, measured=len(records) + measured,
+                                   last=step == total_steps - 1)  # fmt: skip
+        if not measured or step < warmup + args.trace_iters:  # warm-up, or traced (runners/trace.py): not measured
+            if stop:
+                break
+            continue
         payload = state.dense_bytes if getattr(state, "builtin", False) else state.stats.payload_bytes
-        rec = {"rank": rank, "iter": step - warmup}
+        rec = {"rank": rank, "iter": len(records)}
         if timing:
             rec.update(step_phases(clock, state.stats, args.serial, t0, t1, t2, t_red, t3, last_grad[0]))
+            view = iteration_record(clock, state.stats, serial=args.serial, t0=t0, t1=t1, t2=t2, t_red=t_red, t3=t3,
+                                    last_grad=last_grad[0], phases=rec, builtin=getattr(state, "builtin", False),
+                                    spans=bool(args.timeline_iters))  # fmt: skip
+            rec.update(view["overlap"])
+            if args.timeline_iters:
+                kept.append({"iter": rec["iter"], **view, "t0_wall_s": t0_wall, "iter_time_s": iter_time,
+                             "peer_wait_s": peer_wait})  # fmt: skip
         else:
-            rec.update({k: None for k in PHASES})
+            rec.update({k: None for k in PHASES + OVERLAP})
         rec.update({
             "iter_time_s": iter_time,
             "samples": args.batch_size,
@@ -257,14 +321,22 @@ def _train(job: Job, device) -> int:
             "peer_wait_s": peer_wait,
         })  # fmt: skip
         records.append({k: rec[k] for k in RECORD_KEYS})
+        if stop:
+            break
+    learning.finish()
+    tracer.finish()
 
     os.makedirs(args.out, exist_ok=True)
     atomic_write(os.path.join(args.out, f"rank{rank}.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
+    if args.timeline_iters:
+        timeline.write(args.out, rank, world, timeline_offsets, list(kept),
+                       {"compressor": args.compressor, "serial": args.serial, "overlap": args.overlap,
+                        "device": device.type, "backend": job.backend})  # fmt: skip
 
     local = {
         "rank": rank,
         "iter_time_s": [r["iter_time_s"] for r in records],
-        **{k: _mean([r[k] for r in records]) for k in PHASES},
+        **{k: _mean([r[k] for r in records]) for k in PHASES + OVERLAP},
         "payload_bytes": _mean([r["payload_bytes"] for r in records]),
         "wire_tx_bytes": _mean([r["wire_tx_bytes"] for r in records]),
         "wire_rx_bytes": _mean([r["wire_rx_bytes"] for r in records]),
@@ -274,6 +346,7 @@ def _train(job: Job, device) -> int:
     dist.all_gather_object(gathered, local)
     if rank == 0:
         summary = _summary(job, device, warmup, gathered, wire_if)
+        summary.update(learning.summary(args.data))
         atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
     p50 = percentile(local["iter_time_s"], 0.5)
     print(
@@ -396,7 +469,7 @@ def _summary(job: Job, device, warmup: int, gathered: list, wire_if: str | None)
         "iter_time_s_p95": percentile(step_times, 0.95),
         "settle_ratio": settle_ratio(step_times),  # first two measured steps over the last two: ~1 when steady
         "samples_per_s": world * args.batch_size / mean_it,
-        **{k: _mean([g[k] for g in gathered]) for k in PHASES},
+        **{k: _mean([g[k] for g in gathered]) for k in PHASES + OVERLAP},
         "payload_bytes_per_iter": _mean([g["payload_bytes"] for g in gathered]),
         "wire_tx_bytes_per_iter": _mean([g["wire_tx_bytes"] for g in gathered]),
         "wire_rx_bytes_per_iter": _mean([g["wire_rx_bytes"] for g in gathered]),

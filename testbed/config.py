@@ -100,6 +100,10 @@ class Trial:
     serial: bool = False
     overlap: bool = True  # hooks return un-waited futures (communication overlaps backward); off: hooks block
     skew_probe: bool = False  # measure per-collective peer skew (peer_wait_s) with one tiny extra all-gather each
+    # observation, not configuration (left out of the id): the marks of the last N measured iterations kept
+    # (timeline_rank<r>.json) and N extra iterations under torch.profiler (trace_rank<r>.json); docs/report.md
+    timeline_iters: int = 0
+    trace_iters: int = 0
     options: tuple[tuple[str, Any], ...] = ()  # compressor options, sorted (key, value) pairs
     cluster: str = "tb"
     runner: str = DEFAULT_RUNNER
@@ -112,6 +116,12 @@ class Trial:
     nccl_env: tuple[tuple[str, str], ...] = ()  # further NCCL_* settings, sorted (key, value) pairs
     # a plugin's directory (absolute), the only PYTHONPATH entry its ranks get; None for built-in compressors
     plugin_path: str | None = None
+    # learning (issue 33): real data, evaluation, a target; left out of the id at their defaults (ids of older trials)
+    data: str = catalog.DEFAULT_DATA  # synthetic | fashion-mnist | cifar10:DIR | imagefolder:DIR (runners/catalog.py)
+    eval_every: int | None = None  # steps between evaluations on the test split
+    target_accuracy: float | None = None  # stop at this test accuracy, in (0, 1]
+    max_steps: int | None = None  # training steps in all (warm-up included); default warmup_iters + iters
+    lr: float | None = None  # None: the runner's default (runners.contract.RankArgs.lr)
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -134,6 +144,8 @@ class Trial:
             if not isinstance(value, bool):
                 raise InputError(f"{name} {value!r}: expected true or false")
         check_placement(self)
+        check_learning(self)
+        check_observation(self)
         check_compressor(self.compressor, dict(self.options))
         if self.plugin_path is not None:
             if not catalog.is_plugin_spec(self.compressor):
@@ -160,8 +172,13 @@ class Trial:
     def config(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["options"] = self.option_dict
+        for key in OBSERVATION_FIELDS:  # what a trial records beside its row does not change what it measures
+            del d[key]
         if d["plugin_path"] is None:  # trials of built-in compressors keep the ids they had before plugins
             del d["plugin_path"]
+        for key, default in LEARNING_DEFAULTS.items():  # synthetic trials keep the ids they had before issue 33
+            if d[key] == default:
+                del d[key]
         return d
 
     @property
@@ -176,7 +193,47 @@ class Trial:
     def label(self) -> str:
         rate = format_rate(self.rate_bps) if self.rate_bps else "unshaped"
         opts = "".join(f" {k}={v}" for k, v in self.options)
-        return f"{self.compressor}{opts} @ {rate}, {self.world_size} ranks, {self.model} bs{self.batch_size}"
+        data = "" if self.data == catalog.DEFAULT_DATA else f" on {self.data}"
+        return f"{self.compressor}{opts} @ {rate}, {self.world_size} ranks, {self.model} bs{self.batch_size}{data}"
+
+
+LEARNING_DEFAULTS = {"data": catalog.DEFAULT_DATA, "eval_every": None, "target_accuracy": None, "max_steps": None,
+                     "lr": None}  # fmt: skip
+
+
+def check_learning(t: Trial) -> None:
+    """--data, --eval-every, --target-accuracy, --max-steps, --lr: InputError naming the flag and what is accepted."""
+    try:
+        entry, _ = catalog.parse_data(t.data)
+        catalog.check_data_model(t.data, t.model)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    for name, value in (("--eval-every", t.eval_every), ("--max-steps", t.max_steps)):
+        if value is not None:
+            _check_int(name, value, 1)
+    if t.eval_every is not None and entry.kind == "synthetic":
+        raise InputError(f"--eval-every needs a real data set; accepted --data {catalog.DATA_FORMS}")
+    a = t.target_accuracy
+    if a is not None and (isinstance(a, bool) or not isinstance(a, int | float) or not 0 < a <= 1):
+        raise InputError(f"--target-accuracy {a!r}: expected a fraction in (0, 1], e.g. 0.85")
+    if a is not None and (t.eval_every is None or t.max_steps is None):
+        raise InputError("--target-accuracy needs --eval-every N (how often to test) and --max-steps N (when to give up)")
+    if t.max_steps is not None and t.max_steps <= t.warmup_iters:
+        raise InputError(f"--max-steps {t.max_steps}: expected more than --warmup-iters {t.warmup_iters}")
+    lr = t.lr
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < float("inf")):
+        raise InputError(f"--lr {lr!r}: expected a finite learning rate > 0")
+
+
+OBSERVATION_FIELDS = ("timeline_iters", "trace_iters")
+
+
+def check_observation(t: Trial) -> None:
+    """--timeline N (0 to --iters) and --trace N (>= 0): InputError naming the flag and what is accepted."""
+    for name, value in (("--timeline", t.timeline_iters), ("--trace", t.trace_iters)):
+        _check_int(name, value, 0)
+    if t.timeline_iters > t.iters:
+        raise InputError(f"--timeline {t.timeline_iters}: expected 0 to --iters ({t.iters}) measured iterations")
 
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -273,6 +330,11 @@ SWEEP_KEYS = {
     "nccl_env": 'a table of NCCL_* settings, e.g. [nccl_env] NCCL_ALGO = "Ring"',
     "options": "a table of compressor -> {option = value}, e.g. [options.powersgd] rank = 4",
     "plugin_path": 'the directory of MODULE:FACTORY plugins, relative to the sweep file, e.g. "../examples"',
+    "data": '"synthetic", "fashion-mnist", "cifar10:DIR" or "imagefolder:DIR"',
+    "eval_every": "an integer (steps between evaluations)",
+    "target_accuracy": "a fraction in (0, 1]",
+    "max_steps": "an integer",
+    "lr": "a number > 0",
 }
 
 
@@ -403,6 +465,11 @@ def load_sweep_toml(path: str | Path, **overrides: Any) -> list[Trial]:
         ("intra_host", str),
         ("nccl_socket_nthreads", int),
         ("nccl_nsocks_perthread", int),
+        ("data", str),
+        ("eval_every", int),
+        ("target_accuracy", float),
+        ("max_steps", int),
+        ("lr", float),
     ):
         value = get(key, kind)
         if value is not None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import testbed
-from runners.contract import SUMMARY_ENV_KEYS, SUMMARY_METRICS
+from runners.contract import SUMMARY_ACCURACY, SUMMARY_ENV_KEYS, SUMMARY_METRICS
 from shaping.plan import ideal_goodput_bps
 from testbed import launch_plan
 from testbed.cluster import registry
@@ -335,7 +335,14 @@ def base_row(cluster, trial: Trial, started: dt.datetime, plan: launch_plan.Laun
         "serial": trial.serial,
         "overlap": trial.overlap,
         "skew_probe": trial.skew_probe,
+        "timeline_iters": trial.timeline_iters,
+        "trace_iters": trial.trace_iters,
         "bucket_cap_mb": trial.bucket_cap_mb,
+        "data": trial.data,
+        "eval_every": trial.eval_every,
+        "target_accuracy": trial.target_accuracy,
+        "max_steps": trial.max_steps,
+        "lr": trial.lr,
         "python_version": platform.python_version(),
         "kernel": platform.release(),
         "testbed_version": testbed.__version__,
@@ -357,4 +364,8 @@ def metrics_from_summary(path: Path) -> dict[str, Any]:
     out["dist_backend"] = env.get("backend")
     out["warmup_iters"] = summary.get("warmup_iters_used", summary.get("config", {}).get("warmup_iters"))
     out["settle_ratio"] = summary.get("settle_ratio")  # not in a summary of an older runner
+    # learning (issue 33): absent from an older runner's summary; the curve is stored as JSON text
+    out.update({k: summary[k] for k in SUMMARY_ACCURACY if summary.get(k) is not None})
+    if out.get("curve") is not None:
+        out["curve"] = json.dumps(out["curve"])
     return out

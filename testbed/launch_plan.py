@@ -241,6 +241,13 @@ def plan(
             overlap=trial.overlap,
             skew_probe=trial.skew_probe,
             threads=threads,
+            timeline_iters=trial.timeline_iters,
+            trace_iters=trial.trace_iters,
+            data=trial.data,
+            eval_every=trial.eval_every,
+            target_accuracy=trial.target_accuracy,
+            max_steps=trial.max_steps,
+            **({"lr": trial.lr} if trial.lr is not None else {}),
         )
         host_env = {**base, **backend_env(trial, host, cluster_name)}
         for local_rank in range(rph):

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from testbed.errors import InputError
 
-SCHEMA_VERSION = 2  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions
+SCHEMA_VERSION = 3  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions; 3: learning
 
 # name -> pyarrow type; the order is the column order of the store
 COLUMNS: dict[str, pa.DataType] = {
@@ -98,12 +98,36 @@ COLUMNS: dict[str, pa.DataType] = {
     "wire_tx_bytes_per_iter": pa.float64(),
     "wire_rx_bytes_per_iter": pa.float64(),
     "peer_wait_s": pa.float64(),  # --skew-probe: waiting for the slowest peer per iteration (else null)
+    # the overlap split (issue 35, runners/timeline.py; comm columns null for built-in syncsgd): per iteration
+    "comm_wire_s": pa.float64(),  # union of this rank's collectives, issue to completion
+    "comm_hidden_s": pa.float64(),  # the part of it while backward computed or a hook encoded
+    "comm_exposed_s": pa.float64(),  # the rest: comm_wire_s - comm_hidden_s
+    "codec_critical_s": pa.float64(),  # encode + decode on the critical path (encode_s + decode_s)
+    "codec_hidden_s": pa.float64(),  # codec work off it (a callback's decode while backward computed)
+    "timeline_iters": pa.int32(),  # --timeline N: iterations whose marks are in trials/<id>/timeline_rank<r>.json
+    "trace_iters": pa.int32(),  # --trace N: torch.profiler iterations in trials/<id>/trace_rank<r>.json
     # MODULE:FACTORY plugins (null for built-in compressors)
     "plugin_module": pa.string(),
     "plugin_version": pa.string(),  # the module's __version__ or its distribution's version, when it has one
     "plugin_sha256": pa.string(),  # of the module's source file, as the controller (and every host) had it
     "plugin_path": pa.string(),  # the directory given with --plugin-path (the ranks' PYTHONPATH)
     "plugin_assumed": pa.string(),  # what the model assumed because the state did not declare it
+    # learning (issue 33; null for synthetic trials): data, evaluation, target, the curve
+    "data": pa.string(),  # synthetic | fashion-mnist | cifar10:DIR | imagefolder:DIR
+    "lr": pa.float64(),  # the learning rate given (null: the runner's default)
+    "eval_every": pa.int32(),  # steps between evaluations on the test split
+    "target_accuracy": pa.float64(),
+    "max_steps": pa.int32(),
+    "steps_run": pa.int32(),  # training steps taken (warm-up included)
+    "train_time_s": pa.float64(),  # sum of the training steps' wall times (evaluation excluded)
+    "eval_time_s": pa.float64(),  # evaluation wall time, summed over the evaluations (kept apart)
+    "eval_samples": pa.int32(),  # test samples scored at the last evaluation, all ranks together
+    "final_test_loss": pa.float64(),
+    "final_test_accuracy": pa.float64(),
+    "reached_target": pa.bool_(),  # null without a target
+    "steps_to_target": pa.int32(),  # the first evaluated step at or above the target (null: never reached)
+    "train_time_to_target_s": pa.float64(),  # training time up to that step
+    "curve": pa.string(),  # JSON list of {step, train_time_s, train_loss, test_loss, test_accuracy, eval_s, eval_samples}
 }
 SCHEMA = pa.schema(list(COLUMNS.items()))
 

@@ -11,10 +11,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from runners import catalog
+from runners.contract import RankArgs
 from shaping.units import format_rate, format_size
 from testbed.cli_common import add_json, add_name, console, print_json
 from testbed.cluster import backends, registry
-from testbed.config import Trial, expand, load_sweep_toml, parse_env_pairs, parse_list, parse_rates
+from testbed.config import LEARNING_DEFAULTS, Trial, expand, load_sweep_toml, parse_env_pairs, parse_list, parse_rates
 from testbed.errors import InputError
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -49,12 +50,15 @@ TRIAL_FLAG_DEFAULTS: dict[str, Any] = {
     "qdisc": "htb",
     "overlap": True,
     "skew_probe": False,
+    "timeline_iters": 0,
+    "trace_iters": 0,
     "backend": "auto",
     "ranks_per_host": None,
     "intra_host": "p2p",
     "nccl_socket_nthreads": None,
     "nccl_nsocks_perthread": None,
     "nccl_env": None,
+    **LEARNING_DEFAULTS,  # --data, --eval-every, --target-accuracy, --max-steps, --lr (their home: testbed.config)
 }
 
 
@@ -109,6 +113,23 @@ def add_trial_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--skew-probe", action="store_true", default=d["skew_probe"],
                    help="record per-collective peer skew (peer_wait_s), apart from comm_s; costs one tiny "
                    "all-gather per collective")
+    p.add_argument("--timeline", type=int, dest="timeline_iters", default=d["timeline_iters"], metavar="N",
+                   help="keep the marks of the last N measured iterations on every rank (bucket ready, encode, "
+                   "wire, decode, waits; `testbed report` draws them; default 0: none)")
+    p.add_argument("--trace", type=int, dest="trace_iters", default=d["trace_iters"], metavar="N",
+                   help="record N extra iterations with torch.profiler on every rank (Chrome-trace JSON for "
+                   "Perfetto/TensorBoard, not measured; default 0: none)")
+    g = p.add_argument_group("learning: real data, evaluation, time to accuracy (docs/results-format.md)")
+    g.add_argument("--data", default=d["data"], help=f"{catalog.DATA_FORMS} (default synthetic: speed only); each "
+                   "rank reads its own seeded shard; the files are checked on every host before any trial")
+    g.add_argument("--eval-every", type=int, default=d["eval_every"], metavar="N",
+                   help="evaluate on the test split every N steps and after the last (sharded over the ranks; its "
+                   "time is kept apart from the training time)")
+    g.add_argument("--target-accuracy", type=float, default=d["target_accuracy"], metavar="A",
+                   help="stop when the test accuracy reaches A in (0, 1]; needs --eval-every and --max-steps")
+    g.add_argument("--max-steps", type=int, default=d["max_steps"], metavar="N",
+                   help="training steps in all, warm-up included (default: --warmup-iters + --iters)")
+    g.add_argument("--lr", type=float, default=d["lr"], help=f"learning rate (default {RankArgs.lr:g})")
     g = p.add_argument_group("placement and collectives (GPU hosts: NCCL over sockets)")
     g.add_argument("--backend", default=d["backend"],
                    help="auto (default: nccl when every host used has CUDA), nccl, gloo")
@@ -170,6 +191,13 @@ def _check_plugin_hosts(cluster, trials: list[Trial], infos: dict[tuple, dict[st
             check_hosts(cluster, cluster.hosts(), spec, path, info.get("sha256"))
 
 
+def _check_data_hosts(cluster, trials: list[Trial]) -> None:
+    """--data is on every host the cluster has, in the expected layout (before any trial; exit 2 naming the host)."""
+    from testbed.datasets import check_hosts
+
+    check_hosts(cluster, cluster.hosts(), trials)
+
+
 def _located_plugin(trial: Trial) -> dict[str, Any] | None:
     """A plugin's module, file and sha256 found without importing it (what `--dry-run` shows)."""
     from testbed.plugins import locate
@@ -201,6 +229,8 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         serial=value("serial"),
         overlap=value("overlap"),
         skew_probe=value("skew_probe"),
+        timeline_iters=value("timeline_iters"),
+        trace_iters=value("trace_iters"),
         backend=value("backend"),
         ranks_per_host=value("ranks_per_host"),
         intra_host=value("intra_host"),
@@ -211,6 +241,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         cluster=args.name,
         runner=args.runner_module,
         burst_bytes=parse_size_bytes(burst, "--burst") if burst is not None else None,
+        **{key: value(key) for key in LEARNING_DEFAULTS},
     )
 
 
@@ -309,6 +340,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{stored['started_at']}); add --rerun to measure it again as a new attempt (the stored one is kept)"
         )
     _check_plugin_hosts(cluster, [trial], infos)
+    _check_data_hosts(cluster, [trial])
     with hold(args.name, wait_s=wait_seconds(args)):
         cluster = backends.open_cluster(args.name)  # read again under the lease: the shaping to restore is current
         stop_on_signals()
@@ -395,7 +427,7 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
                 f"flag{'s' if len(given) > 1 else ''} would be ignored; put the value{'s' if len(given) > 1 else ''} "
                 f"in {args.config} or drop --config"
             )
-        return load_sweep_toml(args.config, cluster=args.name, runner=args.runner_module)
+        return _with_seeds(args, load_sweep_toml(args.config, cluster=args.name, runner=args.runner_module))
     if not (args.bw is not None and args.compressor is not None and args.world_size is not None):
         raise InputError("sweep needs --config FILE, or --bw, --compressor and --world-size lists")
     try:
@@ -427,8 +459,21 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
     plugin_path = _plugin_path(args)
     if plugin_path is not None and not plugins_in_grid:
         raise InputError(f"--plugin-path applies to MODULE:FACTORY compressors; --compressor {args.compressor} has none")
-    return expand(parse_rates(parse_list(args.bw, "--bw")), compressors, sizes, options=options,
-                  plugin_path=plugin_path, **_common(args))  # fmt: skip
+    return _with_seeds(args, expand(parse_rates(parse_list(args.bw, "--bw")), compressors, sizes, options=options,
+                                    plugin_path=plugin_path, **_common(args)))  # fmt: skip
+
+
+def _with_seeds(args: argparse.Namespace, trials: list[Trial]) -> list[Trial]:
+    """--seeds K: every trial of the grid with seeds S, S+1, ..., S+K-1 (S: its --seed), e.g. one convergence run per
+    compressor and seed (time to accuracy, testbed/accuracy.py)."""
+    import dataclasses
+
+    k = getattr(args, "seeds", None)
+    if k is None:
+        return trials
+    if isinstance(k, bool) or k < 1:
+        raise InputError(f"--seeds {k}: expected an integer >= 1 (how many seeds per configuration)")
+    return list(dict.fromkeys(dataclasses.replace(t, seed=t.seed + i) for t in trials for i in range(k)))
 
 
 def _eta_text(store, n: int, timeout_s: float) -> str:
@@ -487,6 +532,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not todo:
         return 0
     _check_plugin_hosts(cluster, todo, infos)
+    _check_data_hosts(cluster, todo)
     with hold(args.name, wait_s=wait_seconds(args)):  # the whole grid: no other command shapes the links in between
         cluster = backends.open_cluster(args.name)  # read again under the lease: the shaping to restore is current
         stop_on_signals()
@@ -632,6 +678,8 @@ def add_commands(sub) -> None:
                    "a plugin is code, run as root in local mode)")  # fmt: skip
     p.add_argument("--world-size", help="comma-separated world sizes, e.g. 2,4")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed trial")
+    p.add_argument("--seeds", type=int, metavar="K", help="run each configuration with K seeds (--seed, --seed+1, ...), "
+                   "e.g. convergence runs to --target-accuracy for time to accuracy")
     p.add_argument(
         "--yes", action="store_true", help=f"start a grid of more than {CONFIRM_GRID_ABOVE} trials (the ETA is printed)"
     )

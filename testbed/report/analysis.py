@@ -18,8 +18,8 @@ from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # 2 only added columns (placement, overlap, peer skew, GPU versions)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # 2 and 3 only added columns (2: placement, overlap, peer skew, GPU versions; 3: learning)
 REQUIRED_COLUMNS = (
     "schema_version",
     "trial_id",
@@ -32,6 +32,8 @@ REQUIRED_COLUMNS = (
     "iter_time_s_p50",
 )
 PHASE_COLUMNS = ("forward_s", "backward_s", "optimizer_s", "encode_s", "comm_s", "decode_s")
+# the overlap split (issue 35): work that took no iteration time; null in rows before it and for built-in syncsgd
+HIDDEN_COLUMNS = ("comm_hidden_s", "codec_hidden_s")
 DENSE_BASELINES = ("syncsgd", "fp16", "bf16")
 GROUP_KEYS = ["model", "batch_size", "world_size"]
 
@@ -127,6 +129,7 @@ def check_results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict[str, 
         "measured_goodput_bps",
         "compressor_options",
         *PHASE_COLUMNS,
+        *HIDDEN_COLUMNS,
     ):
         if c not in ok.columns:
             ok[c] = np.nan
@@ -161,7 +164,7 @@ def aggregate(ok: pd.DataFrame) -> pd.DataFrame:
             samples_per_s=("samples_per_s", "median"),
             delay_s=("delay_s", "median"),
             goodput_bps=("measured_goodput_bps", "median"),
-            **{c: (c, "mean") for c in PHASE_COLUMNS},
+            **{c: (c, "mean") for c in PHASE_COLUMNS + HIDDEN_COLUMNS},
         )
         .reset_index()
     )

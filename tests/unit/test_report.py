@@ -285,8 +285,8 @@ def test_bad_inputs(tmp_path):
     df = synthetic_frame()
     with pytest.raises(InputError, match="no trial with status ok"):
         build_report(df.assign(status="failed"), tmp_path)
-    with pytest.raises(InputError, match="schema_version 3 is not supported"):
-        build_report(df.assign(schema_version=3), tmp_path)
+    with pytest.raises(InputError, match="schema_version 4 is not supported"):
+        build_report(df.assign(schema_version=4), tmp_path)
     with pytest.raises(InputError, match="expected one of syncsgd, fp16, bf16"):
         build_report(df, tmp_path, baseline="topk")
     with pytest.raises(InputError, match="does not exist"):
@@ -298,9 +298,9 @@ def test_bad_inputs(tmp_path):
 
 def test_mixed_schema_versions_are_noted(tmp_path):
     df = synthetic_frame(world_sizes=(2,))
-    df.loc[df.index[:3], "schema_version"] = 3  # a future store's rows: skipped and said; 1 and 2 both read
+    df.loc[df.index[:3], "schema_version"] = 4  # a future store's rows: skipped and said; 1, 2 and 3 read
     res = build_report(df, tmp_path)
-    assert any("schema_version 3 skipped" in n and "3 trial(s)" in n for n in res.notes)
+    assert any("schema_version 4 skipped" in n and "3 trial(s)" in n for n in res.notes)
 
 
 def test_report_from_parquet_dir_with_profiles(tmp_path):
