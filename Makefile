@@ -2,7 +2,7 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-SYSTEM_PACKAGES := iperf3 iproute2 iputils-ping openssh-server openssh-client ethtool procps kmod slurmctld slurmd slurm-client munge sudo
+SYSTEM_PACKAGES := iperf3 iproute2 iputils-ping openssh-server openssh-client ethtool procps kmod slurmctld slurmd slurm-client munge sudo dataset-fashion-mnist
 # the slowest tests in every log: the suite should stay under ~15 min on 2 cores
 PYTEST_ARGS ?= --durations=15
 
