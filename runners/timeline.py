@@ -18,7 +18,7 @@ plus the point marks "ready", "issue" and "done") and turns them, per measured i
   (forward, backward compute, optimizer), ``codec`` (encode, decode; ``critical`` false when off the training
   thread), ``wire`` (one span per collective; ``waited`` true when the training thread blocked on it) and ``wait``
   (the training thread blocked: in-hook waits, the tail, the serial reduction's waits); the point marks (bucket
-  ready, end of backward compute); the overlap numbers. ``write(...)`` stores the kept iterations as
+  ready, end of backward compute); the spans of exposed communication and of the hook calls; the overlap numbers. ``write(...)`` stores the kept iterations as
   ``timeline_rank<r>.json`` (format: docs/results-format.md, "Timeline").
 """
 
@@ -179,9 +179,12 @@ def iteration_record(clock, stats, *, serial: bool, t0, t1, t2, t_red, t3, last_
     points = [{"name": "bucket ready", "bucket": i, "t_s": rel(m)} for kind, i, m, _w in stats.marks
               if kind == "ready" and m is not None]  # fmt: skip
     points.append({"name": "backward compute end", "t_s": compute_end})
+    exposed = subtract(wire, busy) if comm["comm_wire_s"] is not None else []
     return {
         "iter_time_s": opt_end,
         "backward_window_s": [f_end, compute_end],
+        "comm_exposed_spans": [list(x) for x in exposed],
+        "hooks": [list(x) for x in hook_spans(stats.marks, rel)],  # [ready, returned] of each hook call
         "spans": lanes,
         "points": points,
         "overlap": overlap,

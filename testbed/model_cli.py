@@ -265,6 +265,9 @@ def add_commands(subparsers: Any) -> None:
         help="speedup baseline: syncsgd (fp32) or the fair 16-bit all-reduce (fp16, bf16)",
     )
     p.add_argument("--profiles", help="profile directory for predicted curves (default: profiles/ when present)")
+    p.add_argument("--timeline", action="append", default=[], metavar="TRIAL_ID",
+                   help="also draw this trial's timeline (run with --timeline N; repeatable); every variant's trial "
+                   "with a timeline at its lowest rate is drawn anyway, with its Chrome trace beside it")
     _model_flags(p, auto=True)
     p.add_argument("--json", action="store_true", help="machine-readable summary")
     p.set_defaults(func=cmd_report)
@@ -582,6 +585,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         latency_s=latency_s,
         efficiency=efficiency,
         hook_blocks_backward=not args.overlap_hooks,
+        timeline_trials=tuple(args.timeline),
         **({} if args.calibration == "auto" else {"calibrations": modelling.explicit_calibrations(args.calibration)}),
     )
     if args.json:

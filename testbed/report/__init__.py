@@ -43,6 +43,7 @@ from testbed.report.analysis import (
     speedup_table,
 )
 from testbed.report.figures import plot_phases, plot_scaling, plot_time_vs_bandwidth, variant_colors
+from testbed.report.timeline import report_timelines
 
 __all__ = [
     "DENSE_BASELINES",
@@ -82,6 +83,8 @@ def build_report(
     efficiency: float | str | None = None,
     hook_blocks_backward: bool = True,
     calibrations: Sequence[cal.Calibration] = (),
+    results_dir: str | Path | None = None,
+    timeline_trials: Sequence[str] = (),
 ) -> ReportResult:
     """Write figures, report.html and summary.md for a results frame. Raises InputError on unusable input.
 
@@ -133,6 +136,10 @@ def build_report(
         p = plot_scaling(gm, (model, bs), colors, prof, s, out / f"scaling_{model}_bs{int(bs)}.png", notes)
         if p is not None:
             figures.append((f"{group_label(model, bs)}: scaling", p))
+    # timelines (issue 35): each variant's trial with --timeline at its lowest rate, and the trials asked for
+    tl_figures, tl_notes = report_timelines(ok, results_dir, out, tuple(timeline_trials))
+    figures += tl_figures
+    notes += tl_notes
     if any(r["measured_bps"] for r in cx_rows) and (agg["trials"] < 2).all():
         notes.append(
             "every setting ran once: a measured crossover within the run-to-run spread cannot be told from a tie "
@@ -235,4 +242,5 @@ def report_from_dir(
     profiles = pm.find_profiles(profiles_dir) if profiles_dir else []
     if "calibrations" not in kwargs:
         kwargs["calibrations"] = cal.find_calibrations(profiles_dir)
-    return build_report(load_results_dir(results_dir), out_dir, baseline=baseline, profiles=profiles, **kwargs)
+    return build_report(load_results_dir(results_dir), out_dir, baseline=baseline, profiles=profiles,
+                        results_dir=results_dir, **kwargs)  # fmt: skip

@@ -290,6 +290,13 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
             vals = d[list(cols)].fillna(0).sum(axis=1).to_numpy(dtype=float) * 1e3
             ax.bar(x, vals, bottom=bottom, color=color, label=name)
             bottom += vals
+        for name, col, color in (("communication hidden by backward", "comm_hidden_s", "#c44e52"),
+                                 ("codec off the critical path", "codec_hidden_s", "#8172b3")):  # fmt: skip
+            if col in d.columns:  # above the stack: work that cost no iteration time (issue 35's overlap split)
+                vals = d[col].fillna(0).to_numpy(dtype=float) * 1e3
+                if vals.any():
+                    ax.bar(x, vals, bottom=bottom, color="none", edgecolor=color, hatch="///", label=name)
+                    bottom += vals
         ax.plot(
             x, d["t_s"].to_numpy(dtype=float) * 1e3, "k_", markersize=18, markeredgewidth=2, label="iteration (p50)"
         )
@@ -299,7 +306,9 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
             ax.set_ylabel("time per iteration (ms)")
         ax.grid(True, axis="y", alpha=0.3)
     fig.suptitle(
-        f"{group_label(model, bs, ws)}: exposed time per phase (measured; stacks add up to the iteration)", fontsize=10
+        f"{group_label(model, bs, ws)}: exposed time per phase (measured; the solid stacks add up to the iteration, "
+        "hatched: hidden work above it)",
+        fontsize=10,
     )
     _legend(axes[-1], *axes)
     return _save(fig, path)

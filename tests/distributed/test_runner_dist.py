@@ -14,7 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = {"rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
-        "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes", "peer_wait_s"}  # fmt: skip
+        "samples", "payload_bytes", "wire_tx_bytes", "wire_rx_bytes", "peer_wait_s",
+        "comm_wire_s", "comm_hidden_s", "comm_exposed_s", "codec_critical_s", "codec_hidden_s"}  # fmt: skip
 pytestmark = pytest.mark.timeout(180)
 
 
