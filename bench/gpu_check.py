@@ -53,6 +53,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), *sorted(glob.glob(str(REPO / ".gpu-wheels" / "*.whl")))]
 
+from testbed.cluster.base import RankProcess  # noqa: E402  (after the path: no pyroute2, no torch)
+
 NAME = "gpuchk"
 RESERVE_S = 20.0  # kept back from every stage: removing the cluster and writing the tarball
 PREFLIGHT_S = 90.0
@@ -309,13 +311,7 @@ class LoopbackCluster:
         return LoopbackRank(host, popen, log_path)
 
 
-def _rank_process_base():
-    from testbed.cluster.base import RankProcess
-
-    return RankProcess
-
-
-class LoopbackRank(_rank_process_base()):
+class LoopbackRank(RankProcess):
     def __init__(self, host, popen: subprocess.Popen, log_path: Path) -> None:
         self.host, self.popen, self.log_path = host, popen, log_path
 

@@ -121,3 +121,30 @@ def test_bad_calibration_sizes_fail_before_anything_runs(cli_env, cluster_name):
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "--calibrate-sizes 1000000: give at least 2 distinct message sizes" in done.stderr
     assert "GPU check" not in done.stdout and cluster_netns(cluster_name) == []
+
+
+def test_without_pyroute2_the_check_says_so_and_runs_over_loopback(cli_env, cluster_name, tmp_path):
+    """A bare GPU machine without .gpu-wheels: pyroute2 is imported only when namespaces are tried."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    # a finder ahead of every path entry (.gpu-wheels/ included, which the check puts first on sys.path)
+    (shim / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class HidePyroute2:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'pyroute2' or name.startswith('pyroute2.'):\n"
+        "            raise ImportError('pyroute2 hidden by the test')\n"
+        "sys.meta_path.insert(0, HidePyroute2())\n"
+    )
+    env = {**cli_env, "PYTHONPATH": f"{REPO}:{shim}"}
+    done = subprocess.run([sys.executable, "bench/gpu_check.py", *CPU, "--rates", "200mbit", "--compressors",
+                           "syncsgd", "--no-model", "--name", cluster_name, "--out", str(tmp_path / "res")],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=300)  # fmt: skip
+    text = done.stdout
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert re.search(r"^\| namespace \| no \| pyroute2 not importable \(pyroute2 hidden by the test\)", text, re.M)
+    assert re.search(r"^\| veth \| no \| not tried: no namespaces", text, re.M), text
+    assert "loopback fallback (unshaped): namespaces or veth do not work here" in text
+    rows = [line for line in text.splitlines() if line.startswith("| unshaped (lo) |")]
+    assert len(rows) == 1 and "| syncsgd | gloo | ok |" in rows[0], text
+    assert done.returncode == 0 and cluster_netns(cluster_name) == []
