@@ -334,7 +334,7 @@ def lockstep(
     (`testbed profile --colocated N` starts them): returns, on rank 0, what they measured (None on the others).
 
     Compute in lockstep: every step starts after a barrier, each rank's DDP reduces on a world-size-1 group of its
-    own (no communication beside the compute): forward / backward / optimizer medians, bucket readiness, and per step
+    own (no communication beside the compute; on CUDA its hook is the identity, no collective at all): forward / backward / optimizer medians, bucket readiness, and per step
     how much later than the median rank the slowest one is done (``skew_s``, the wait a collective after backward
     sees). Codecs in place (CPU only): per compressor (sync SGD as DDP's built-in all-reduce), every rank trains
     with it on the world group, as in a trial on an unshaped link; per step its phases as a trial splits them
