@@ -264,3 +264,19 @@ def test_a_failing_kill_skips_neither_the_other_kills_nor_the_restore(make_clust
     assert len(problems) == 1 and "connection refused" in problems[0]
     assert real.poll() is not None and not alive(real.pid)
     assert link_rates(testbed_cli, name) == {1_000_000_000}
+
+
+def test_up_refuses_a_name_whose_namespace_is_someone_elses(testbed_cli, cluster_name):
+    """A foreign namespace with the name `up` would make (no testbed mark): refused (exit 2), the namespace kept."""
+    foreign = f"tb-{cluster_name}-sw"
+    subprocess.run(["ip", "netns", "add", foreign], check=True, capture_output=True)
+    try:
+        done = testbed_cli("up", "--name", cluster_name, "--hosts", "2")
+        assert done.returncode == 2
+        line = one_line(done.stderr)
+        assert foreign in line and "not the testbed's" in line, line
+        assert foreign in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert testbed_cli("down", "--name", cluster_name).returncode == 0  # down leaves it alone too
+        assert foreign in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["ip", "netns", "delete", foreign], capture_output=True, check=False)
