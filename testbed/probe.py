@@ -34,6 +34,8 @@ PARALLEL_THREADS_SINCE = (3, 16)  # iperf3 3.16 (2023-12) runs each -P stream in
 INTERVAL_S = 0.1  # iperf3 report interval when several processes are summed
 MIN_WINDOW_S = 0.3  # shortest common window worth summing over
 START_GUARD_S = 0.3  # after the last launch, before every process is surely sending
+# one iperf3 thread carries this much on a veth or a NIC (FIELD_NOTES: several processes at >= 25 Gbit/s)
+SINGLE_PROCESS_MAX_BPS = 10 * 10**9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +88,14 @@ def iperf3_version(cluster, host) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def processes_for(version: tuple[int, int] | None, streams: int) -> int:
-    """iperf3 client processes for `streams` streams: one per stream before 3.16 (or when unknown), else one."""
+def processes_for(version: tuple[int, int] | None, streams: int, requested_bps: float | None = None) -> int:
+    """iperf3 client processes for `streams` streams: one per stream before 3.16 (or when unknown) where one thread
+    may not carry the rate (above SINGLE_PROCESS_MAX_BPS, or unshaped), else one. Several processes start apart, and
+    their sum is only as good as the common window (`_concurrent_goodput`): at 300 Mbit/s, 4 streams, a 1 s probe on
+    a loaded machine, 4 processes summed to 1.066 of the ideal goodput, one process with -P 4 measured it right."""
     if streams <= 1 or (version is not None and version >= PARALLEL_THREADS_SINCE):
+        return 1
+    if requested_bps is not None and requested_bps <= SINGLE_PROCESS_MAX_BPS:
         return 1
     return streams
 
@@ -111,7 +118,7 @@ def probe_pair(
     each server started (a trial notes them, so a command after a SIGKILL of this one can end them)."""
     check_probe_args(duration_s, streams)
     version = iperf3_version(cluster, src)
-    n_proc = processes_for(version, streams)
+    n_proc = processes_for(version, streams, requested_bps)
     per_proc = streams // n_proc
     log_dir = Path(tempfile.mkdtemp(prefix="testbed-probe-"))
     ports = [port + i for i in range(n_proc)]

@@ -79,3 +79,6 @@ def test_probe_processes_per_stream_before_iperf3_3_16():
     assert processes_for((3, 9), 8) == 8  # Ubuntu 22.04: every -P stream on one thread, so one process each
     assert processes_for(None, 4) == 4  # unknown version: the safe way
     assert processes_for((3, 16), 8) == 1 and processes_for((3, 9), 1) == 1
+    # one thread carries a rate this low: one process, no summing over a common window
+    assert processes_for((3, 9), 4, requested_bps=300e6) == 1
+    assert processes_for((3, 9), 4, requested_bps=25e9) == 4 and processes_for((3, 9), 4, requested_bps=None) == 4
