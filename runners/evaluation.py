@@ -33,6 +33,7 @@ class Learning:
         self.train_time_to_target_s: float | None = None
         self.counts: list[int] = []
         self.steps = 0
+        self.step_times_s: list[float] = []  # this rank's; the summary takes the slowest rank's per step
         self._loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # no host sync per step
         self._loss_n = 0
 
@@ -44,6 +45,7 @@ class Learning:
         """Account step `step` (0-based); True when training should stop (target reached)."""
         self.steps = step + 1
         self.train_time_s += iter_time_s
+        self.step_times_s.append(iter_time_s)
         self._loss_sum += loss.detach().to(torch.float64)
         self._loss_n += 1
         if self.evaluates and (self.steps % self.eval_every == 0 or last):
@@ -79,8 +81,22 @@ class Learning:
         if self.target is not None and self.steps_to_target is None and acc >= self.target:
             self.steps_to_target, self.train_time_to_target_s = self.steps, self.train_time_s
 
-    def summary(self, data: str) -> dict[str, Any]:
-        """The summary.json keys of runners.contract.SUMMARY_ACCURACY."""
+    def summary(self, data: str, ranks_step_times_s: list[list[float]] | None = None) -> dict[str, Any]:
+        """The summary.json keys of runners.contract.SUMMARY_ACCURACY. With every rank's step times, training times
+        are the job's: per step the slowest rank's (as the iteration time statistics are, so that steps x the mean
+        iteration time of a throughput run composes with them like for like)."""
+        if ranks_step_times_s:
+            from runners.timing import slowest_rank_steps
+
+            per_step = slowest_rank_steps(ranks_step_times_s)
+            elapsed = [0.0]
+            for t in per_step:
+                elapsed.append(elapsed[-1] + t)
+            self.train_time_s = elapsed[-1]
+            for p in self.curve:
+                p["train_time_s"] = elapsed[p["step"]]
+            if self.steps_to_target is not None:
+                self.train_time_to_target_s = elapsed[self.steps_to_target]
         last = self.curve[-1] if self.curve else {}
         return {
             "data": data,

@@ -341,12 +341,13 @@ def _train(job: Job, device) -> int:
         "wire_tx_bytes": _mean([r["wire_tx_bytes"] for r in records]),
         "wire_rx_bytes": _mean([r["wire_rx_bytes"] for r in records]),
         "peer_wait_s": _mean([r["peer_wait_s"] for r in records]),
+        "train_step_s": learning.step_times_s,  # every training step's time, warm-up included
     }
     gathered = [None] * world
     dist.all_gather_object(gathered, local)
     if rank == 0:
         summary = _summary(job, device, warmup, gathered, wire_if)
-        summary.update(learning.summary(args.data))
+        summary.update(learning.summary(args.data, [g["train_step_s"] for g in gathered]))
         atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
     p50 = percentile(local["iter_time_s"], 0.5)
     print(

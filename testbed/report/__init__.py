@@ -24,6 +24,8 @@ from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 from testbed.report import render
+from testbed.report.accuracy import report_section as accuracy_section
+from testbed.report.accuracy import split_convergence
 from testbed.report.analysis import (
     DENSE_BASELINES,
     GROUP_KEYS,
@@ -99,6 +101,7 @@ def build_report(
     # validates latency and efficiency before any work
     pm.Network(1, 1.0, latency_s or 0.0, 1.0 if auto or efficiency is None else efficiency)
     ok, notes, counts = check_results(df)
+    ok, convergence = split_convergence(ok)  # runs to a target accuracy: the time-to-accuracy section (issue 33)
     s = ModelSettings(latency_s, None if auto else efficiency, hook_blocks_backward, tuple(calibrations))
     if auto:
         fitted, used = fit_efficiency_from_trials(ok, profiles, s)
@@ -147,6 +150,10 @@ def build_report(
         )
     for m in sorted(models_without_profile):
         notes.append(f"{m}: no profile found; measured points only (run `testbed profile --model {m}`)")
+    tta = accuracy_section(ok, convergence, profiles, s, baseline, out)
+    figures += tta["figures"]
+    notes += tta["notes"]
+    head = f"{head} {tta['headline']}".strip()
     matrix = speedup_matrix(sp, baseline)
     errors = prediction_errors(agg, profiles, s)
     crossovers = pd.DataFrame(
@@ -198,6 +205,9 @@ def build_report(
         error_summary=err_summary,
         figures=figures,
     )
+    if tta["markdown"]:
+        with open(out / "summary.md", "a") as f:
+            f.write(tta["markdown"])
     render.write_html(
         out / "report.html",
         headline=head,
@@ -219,7 +229,7 @@ def build_report(
         wins,
         configs,
         tuple(notes),
-        {"speedups": matrix, "errors": errors, "crossovers": crossovers},
+        {"speedups": matrix, "errors": errors, "crossovers": crossovers, **tta["tables"]},
     )
 
 
