@@ -6,7 +6,7 @@ with --trace, interleaved and repeated, on 2 emulated hosts.
 
 Timeline target: its p50 iteration time within 2 % of the plain trial's (the marks it draws are taken in every trial;
 `--timeline` adds only their conversion after each iteration's clock stopped and the clock-offset estimate at start).
-`--trace K` runs K extra iterations under torch.profiler after the measured ones: its measured iterations should not
+`--trace K` runs K extra iterations under torch.profiler between warm-up and the measured ones: those should not
 move; its own cost is stated as the extra wall time per traced iteration (whole-trial wall time minus the plain
 trial's, over K; noisy: the trial's start-up varies by a few hundred ms) and the size of the trace files.
 

@@ -125,7 +125,7 @@ class RankArgs:
     no_timing: bool = False
     threads: int = 0
     timeline_iters: int = 0  # keep the marks of the last N measured iterations (timeline_rank<r>.json)
-    trace_iters: int = 0  # N extra iterations under torch.profiler after the measured ones (trace_rank<r>.json)
+    trace_iters: int = 0  # N extra iterations under torch.profiler between warm-up and the measured ones
     data: str = "synthetic"  # runners.catalog.DATASETS: synthetic | fashion-mnist | cifar10:DIR | imagefolder:DIR
     eval_every: int | None = None  # evaluate on the test split every N steps (and after the last)
     target_accuracy: float | None = None  # stop once the test accuracy reaches it

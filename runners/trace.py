@@ -1,4 +1,4 @@
-"""``--trace N``: N extra iterations after the measured ones, recorded with ``torch.profiler`` on this rank.
+"""``--trace N``: N extra iterations between warm-up and the measured ones, recorded with ``torch.profiler``.
 
 CPU activities always, CUDA activities on a CUDA device; the testbed's phases are ``record_function`` ranges
 (``testbed.forward``, ``testbed.backward``, ``testbed.reduce`` in serial mode, ``testbed.optimizer``, and one
@@ -32,22 +32,22 @@ class Tracer:
         self.prof.start()
 
     def phase(self, name: str | None) -> None:
+        """Close the open phase and open ``testbed.<name>`` (inside a ``testbed.iteration`` opened by the first phase
+        of an iteration); ``None`` ends the iteration."""
         if self.prof is None:
             return
         from torch.profiler import record_function
 
-        while len(self.ranges) > 1:  # the open phase (the iteration range stays)
-            self.ranges.pop().__exit__(None, None, None)
         if name is None:
-            return
-        if name == "iteration" or not self.ranges:
             self._close_all()
-            rf = record_function("testbed.iteration")
-            rf.__enter__()
-            self.ranges.append(rf)
-            if name == "iteration":
-                return
-        rf = record_function(f"testbed.{name}")
+            return
+        if not self.ranges:
+            self._enter(record_function("testbed.iteration"))
+        while len(self.ranges) > 1:
+            self.ranges.pop().__exit__(None, None, None)
+        self._enter(record_function(f"testbed.{name}"))
+
+    def _enter(self, rf) -> None:
         rf.__enter__()
         self.ranges.append(rf)
 
