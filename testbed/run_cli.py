@@ -15,7 +15,16 @@ from runners.contract import RankArgs
 from shaping.units import format_rate, format_size
 from testbed.cli_common import add_json, add_name, console, print_json
 from testbed.cluster import backends, registry
-from testbed.config import LEARNING_DEFAULTS, Trial, expand, load_sweep_toml, parse_env_pairs, parse_list, parse_rates
+from testbed.config import (
+    LEARNING_DEFAULTS,
+    OBSERVATION_FIELDS,
+    Trial,
+    expand,
+    load_sweep_toml,
+    parse_env_pairs,
+    parse_list,
+    parse_rates,
+)
 from testbed.errors import InputError
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -418,7 +427,8 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
     """The grid from --config or from the flags; every value checked (Trial) before anything starts."""
     if args.config:
         given = [f"--{k.replace('_', '-')}" for k in ("bw", "compressor", "world_size") if getattr(args, k)]
-        given += [f"--{k.replace('_', '-')}" for k in TRIAL_FLAG_DEFAULTS if getattr(args, k) is not None]
+        given += [f"--{k.replace('_', '-')}" for k in TRIAL_FLAG_DEFAULTS
+                  if k not in OBSERVATION_FIELDS and getattr(args, k) is not None]  # fmt: skip
         given += [OPTION_FLAGS[k][0] for k in _options(args)]
         given += [f for f, v in (("--opt", args.opt), ("--plugin-path", args.plugin_path)) if v is not None]
         if given:
@@ -427,7 +437,14 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
                 f"flag{'s' if len(given) > 1 else ''} would be ignored; put the value{'s' if len(given) > 1 else ''} "
                 f"in {args.config} or drop --config"
             )
-        return _with_seeds(args, load_sweep_toml(args.config, cluster=args.name, runner=args.runner_module))
+        trials = load_sweep_toml(args.config, cluster=args.name, runner=args.runner_module)
+        # --timeline/--trace observe a sweep file's trials without changing them (not part of the trial id)
+        observe = {k: getattr(args, k) for k in OBSERVATION_FIELDS if getattr(args, k) is not None}
+        if observe:
+            import dataclasses
+
+            trials = [dataclasses.replace(t, **observe) for t in trials]
+        return _with_seeds(args, trials)
     if not (args.bw is not None and args.compressor is not None and args.world_size is not None):
         raise InputError("sweep needs --config FILE, or --bw, --compressor and --world-size lists")
     try:
