@@ -177,6 +177,21 @@ NO_CLUSTER = [
     (["exec", "h0", "--", "true"], "no cluster named"),
     (["up", "--hosts", "0"], "--hosts 0"),
     (["up", "--bw", "9gbps"], "ambiguous unit"),
+    # learning (issue 33): data sets, evaluation, targets, seeds
+    (["run", "--bw", "none", "--data", "mnist"], "--data 'mnist': unknown data set; accepted synthetic, fashion-mnist"),
+    (["run", "--bw", "none", "--data", "cifar10:data"], "cifar10 needs an absolute directory"),
+    (["run", "--bw", "none", "--data", "fashion-mnist:/x"], "fashion-mnist takes no directory"),
+    (["run", "--bw", "none", "--model", "mlp", "--data", "fashion-mnist"], "--model mlp does not train on"),
+    (["run", "--bw", "none", "--data", "fashion-mnist", "--eval-every", "0"], "--eval-every 0"),
+    (["run", "--bw", "none", "--eval-every", "10"], "--eval-every needs a real data set"),
+    (["run", "--bw", "none", "--data", "fashion-mnist", "--eval-every", "10", "--max-steps", "100",
+      "--target-accuracy", "1.5"], "--target-accuracy 1.5: expected a fraction in (0, 1]"),
+    (["run", "--bw", "none", "--data", "fashion-mnist", "--eval-every", "10", "--max-steps", "100",
+      "--target-accuracy", "0"], "--target-accuracy 0.0: expected a fraction in (0, 1]"),
+    (["run", "--bw", "none", "--data", "fashion-mnist", "--target-accuracy", "0.8"], "needs --eval-every N"),
+    (["run", "--bw", "none", "--data", "fashion-mnist", "--max-steps", "3"], "more than --warmup-iters 5"),
+    (["run", "--bw", "none", "--lr", "nan"], "--lr nan"),
+    (["sweep", "--bw", "none", "--compressor", "syncsgd", "--world-size", "2", "--seeds", "0"], "--seeds 0"),
 ]
 
 # `--device cuda` is only bad input where no GPU is visible
@@ -212,6 +227,9 @@ ON_CLUSTER = [
     (["probe", "--pairs", "h0:h9"], "unknown host 'h9'"),
     (["probe", "--tolerance", "2"], "--tolerance 2"),
     (["up", "--hosts", "3", "--bw", "1gbit"], "Use --recreate"),
+    # a data set missing or malformed on a host: named, before any trial (issue 33)
+    (["run", "--bw", "100mbit", "--data", "cifar10:{w}/nodata"], "host h0: "),
+    (["run", "--bw", "100mbit", "--data", "imagefolder:{w}"], "expected train/CLASS/IMAGE and test/CLASS/IMAGE"),
 ]
 
 
