@@ -406,6 +406,18 @@ def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any
     table.add_row(
         "time share fwd/bwd/enc/comm/dec/opt", " / ".join(f"{100 * (row[p] or 0) / total:.0f}%" for p in phases)
     )
+    if row.get("comm_wire_s") is not None:  # the overlap split (runners/timeline.py; null for built-in syncsgd)
+        table.add_row(
+            "communication hidden / exposed",
+            f"{row['comm_hidden_s'] * 1e3:.1f} / {row['comm_exposed_s'] * 1e3:.1f} ms of {row['comm_wire_s'] * 1e3:.1f}",
+        )
+    if row.get("codec_critical_s") is not None:
+        table.add_row(
+            "codec on / off the critical path", f"{row['codec_critical_s'] * 1e3:.1f} / {row['codec_hidden_s'] * 1e3:.1f} ms"
+        )
+    if row.get("timeline_iters") or row.get("trace_iters"):
+        table.add_row("timeline / trace iterations kept", f"{row.get('timeline_iters') or 0} / {row.get('trace_iters') or 0}"
+                      " (testbed report draws them)")  # fmt: skip
     table.add_row("payload per iteration (per rank)", format_size(row["payload_bytes_per_iter"] or 0))
     table.add_row("wire tx per iteration (per rank)", format_size(row["wire_tx_bytes_per_iter"] or 0))
     req = format_rate(row["rate_bps"]) if row["rate_bps"] else "unshaped"
