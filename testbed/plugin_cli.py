@@ -81,8 +81,18 @@ def cmd_check_compressor(args: argparse.Namespace) -> int:
     spec = plugins.resolve_name(args.spec)
     options = parse_opts(args.opt)
     plugin_path = plugins.check_plugin_path(args.plugin_path)
+    if args.convergence:
+        from testbed.convergence_check import check_args
+
+        check_args(args.target_accuracy, args.max_steps)  # before anything starts
     outcome = conformance.check_compressor(spec, options, plugin_path=plugin_path, world_size=args.world_size,
                                            steps=args.steps, timeout_s=args.timeout)  # fmt: skip
+    if args.convergence:  # issue 33: steps to a target accuracy on Fashion-MNIST against sync SGD's
+        from testbed.convergence_check import check_convergence
+
+        line = check_convergence(spec, options, plugin_path, world_size=args.world_size, target=args.target_accuracy,
+                                 max_steps=args.max_steps)  # fmt: skip
+        outcome = conformance.Outcome(outcome.spec, (*outcome.checks, line), outcome.plugin)
     if args.json:
         print_json(outcome.to_json())
     else:
@@ -111,5 +121,15 @@ def add_commands(sub) -> None:
     p.add_argument("--steps", type=int, default=4, help="steps after the compressor's warm-up (default 4)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds before unfinished ranks count as a hang (default 120)")  # fmt: skip
+    from testbed.convergence_check import MAX_STEPS, TARGET
+
+    p.add_argument("--convergence", action="store_true",
+                   help="also train the small CNN on Fashion-MNIST (loopback) with the compressor and with sync SGD, "
+                   "same seed, and compare the steps to --target-accuracy (fails beyond 1.5x sync SGD's steps or "
+                   "when never reached)")  # fmt: skip
+    p.add_argument("--target-accuracy", type=float, default=TARGET, metavar="A",
+                   help=f"the convergence check's target test accuracy (default {TARGET:g})")
+    p.add_argument("--max-steps", type=int, default=MAX_STEPS, metavar="N",
+                   help=f"the convergence check's budget in steps (default {MAX_STEPS})")
     add_json(p)
     p.set_defaults(func=cmd_check_compressor)

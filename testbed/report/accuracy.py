@@ -35,11 +35,12 @@ TTA_COLUMNS = ["model", "batch_size", "world_size", "data", "compressor", "targe
 
 
 def split_convergence(ok: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(throughput rows, convergence rows): a row with a target accuracy is a convergence run (or a direct run to
-    target); the throughput analysis keeps the others, or every row when there are no others."""
-    if "target_accuracy" not in ok.columns:
+    """(throughput rows, learning rows): a row that evaluated (--eval-every) is a learning run: to a target (a
+    convergence run, or a direct run to target at a shaped rate) or for a fixed budget; the throughput analysis keeps
+    the others, or every row when there are no others."""
+    if "eval_every" not in ok.columns or "target_accuracy" not in ok.columns:
         return ok, ok.iloc[0:0]
-    conv = ok["target_accuracy"].notna()
+    conv = ok["eval_every"].notna()
     ok = ok.assign(data=ok["data"].fillna("synthetic") if "data" in ok.columns else "synthetic")
     return (ok[~conv] if (~conv).any() else ok), ok[conv]
 
@@ -55,7 +56,7 @@ def compose(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.Profile
     if conv.empty:
         return pd.DataFrame(columns=TTA_COLUMNS), notes
     thr = thr.assign(data=thr["data"].fillna("synthetic") if "data" in thr.columns else "synthetic")
-    for key, g in conv.groupby([*KEYS, "variant", "target_accuracy"]):
+    for key, g in conv[conv["target_accuracy"].notna()].groupby([*KEYS, "variant", "target_accuracy"]):
         *group, variant, target = key
         model, bs, ws, data = group
         unshaped = g[g["rate_bps"] == 0]
@@ -133,10 +134,13 @@ def headline(tta: pd.DataFrame, baseline: str) -> tuple[str, int, int, int]:
 
 
 def final_accuracy(conv: pd.DataFrame) -> pd.DataFrame:
-    """Test accuracy after a fixed budget, mean and spread over seeds: the budget is the largest evaluated step every
-    convergence run of the group reached (runs stopped at the target are read at that step of their curve)."""
+    """Test accuracy after a fixed budget, mean and spread over seeds: the fixed-budget runs' (no target) when the group
+    has them, else the largest evaluated step every convergence run of the group reached (runs stopped at the target
+    are read at that step of their curve)."""
     out = []
     for key, g in conv[conv["rate_bps"] == 0].groupby(KEYS):
+        if g["target_accuracy"].isna().any():
+            g = g[g["target_accuracy"].isna()]
         curves = {i: json.loads(c) for i, c in g["curve"].items() if isinstance(c, str)}
         if not curves:
             continue
@@ -181,7 +185,7 @@ def plot_accuracy_vs_time(conv: pd.DataFrame, tta: pd.DataFrame, key: tuple, rat
 
     model, bs, ws, data = key
     g = conv[(conv["model"] == model) & (conv["batch_size"] == bs) & (conv["world_size"] == ws)
-             & (conv["data"] == data) & (conv["rate_bps"] == 0)]  # fmt: skip
+             & (conv["data"] == data) & (conv["rate_bps"] == 0) & conv["target_accuracy"].notna()]  # fmt: skip
     at = tta[(tta["model"] == model) & (tta["batch_size"] == bs) & (tta["world_size"] == ws) & (tta["data"] == data)
              & (tta["rate_bps"] == rate_bps)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(7, 4.2))

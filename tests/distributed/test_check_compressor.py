@@ -80,3 +80,16 @@ def test_a_plugin_that_lies_fails_the_checks_it_breaks(tmp_path):
     assert not outcome.ok
     assert status == {"order": "pass", "replicas": "pass", "lossless": "fail", "payload": "pass",
                       "state_dict": "fail", "pending": "pass", "time": "pass"}, status  # fmt: skip
+
+
+def test_convergence_compares_steps_to_target_with_sync_sgd():
+    """`check-compressor --convergence` (issue 33): the small CNN on the real Fashion-MNIST, 2 loopback ranks; sync SGD
+    against itself reaches 0.5 in the same steps (pass), and a target out of reach in the budget is a fail that says
+    so. About 40 s."""
+    from testbed.convergence_check import check_convergence
+
+    line = check_convergence("syncsgd", {}, None, target=0.5, max_steps=250)
+    assert line.status == "pass", line.line()
+    assert "syncsgd reached 0.5 in 150 steps, syncsgd in 150 (1.00x its steps)" in line.detail
+    line = check_convergence("syncsgd", {}, None, target=0.95, max_steps=50)
+    assert line.status == "fail" and "never reached 0.95 in 50 steps" in line.detail, line.line()

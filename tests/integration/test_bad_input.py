@@ -192,6 +192,8 @@ NO_CLUSTER = [
     (["run", "--bw", "none", "--data", "fashion-mnist", "--max-steps", "3"], "more than --warmup-iters 5"),
     (["run", "--bw", "none", "--lr", "nan"], "--lr nan"),
     (["sweep", "--bw", "none", "--compressor", "syncsgd", "--world-size", "2", "--seeds", "0"], "--seeds 0"),
+    (["check-compressor", "syncsgd", "--convergence", "--target-accuracy", "2"], "--target-accuracy 2.0: expected"),
+    (["check-compressor", "syncsgd", "--convergence", "--max-steps", "10"], "--max-steps 10: expected an integer"),
 ]
 
 # `--device cuda` is only bad input where no GPU is visible
