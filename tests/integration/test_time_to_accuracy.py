@@ -2,8 +2,8 @@
 
 One convergence run (unshaped), one throughput run and one direct run to target at a shaped rate, reused for every
 assertion: sync SGD reaches the stated target within a bounded number of steps, the stored curve, evaluation counts
-summing to 10,000 across ranks, the stop at the target, the same curve at two rates (synchronous training takes the
-same steps at any rate), and the composed time to accuracy against the direct shaped run. About 2 minutes on 2 cores.
+summing to 10,000 across ranks, the stop at the target, the same curve at two rates for sync SGD and PowerSGD (synchronous training takes the
+same steps at any rate), and the composed time to accuracy against the direct shaped run. About 2 minutes on 2 cores (5 trials).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ pytestmark = pytest.mark.root
 DATA = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 TARGET, MAX_STEPS, EVAL_EVERY = 0.5, 300, 50  # sync SGD, lr 0.05, batch 32 x 2: 0.5 near step 150 (seed 0: 0.557)
 LEARN = ["--model", "cnn", "--data", "fashion-mnist", "--batch-size", "32", "--lr", "0.05", "--warmup-iters", "2",
-         "--no-probe", "--compressor", "syncsgd"]  # fmt: skip
+         "--no-probe"]  # fmt: skip
+BOTH = ["--compressor", "syncsgd,powersgd"]  # PowerSGD: a seeded sketch, error feedback, a communication worker
 TO_TARGET = ["--eval-every", str(EVAL_EVERY), "--target-accuracy", str(TARGET), "--max-steps", str(MAX_STEPS)]
 RATE = "20mbit"
 
@@ -41,13 +42,13 @@ def test_time_to_accuracy_on_fashion_mnist(make_cluster, testbed_cli, tmp_path):
     name = make_cluster(2)
     out = tmp_path / "res"
     common = ["--name", name, "--out", str(out), "--world-size", "2", *LEARN]
-    _ok(testbed_cli("sweep", *common, "--bw", "none", *TO_TARGET, "--seeds", "1", timeout_s=400), "convergence")
+    _ok(testbed_cli("sweep", *common, *BOTH, "--bw", "none", *TO_TARGET, "--seeds", "1", timeout_s=600), "convergence")
     _ok(testbed_cli("run", *common, "--bw", RATE, "--iters", "30", timeout_s=300), "throughput")
-    _ok(testbed_cli("run", *common, "--bw", RATE, *TO_TARGET, timeout_s=400), "direct")
+    _ok(testbed_cli("sweep", *common, *BOTH, "--bw", RATE, *TO_TARGET, timeout_s=600), "direct")
     df = load_results(out)
     assert (df["status"] == "ok").all(), df[["status", "error"]].to_string()
-    conv = df[df["target_accuracy"].notna() & (df["rate_bps"] == 0)].iloc[0]
-    direct = df[df["target_accuracy"].notna() & (df["rate_bps"] > 0)].iloc[0]
+    runs = df[df["target_accuracy"].notna()].set_index(["compressor", "rate_bps"])
+    conv, direct = runs.loc[("syncsgd", 0)], runs.loc[("syncsgd", 20_000_000)]
     thr = df[df["target_accuracy"].isna()].iloc[0]
 
     # sync SGD reaches the stated target within the bounded budget, and the trial stops there
@@ -62,18 +63,21 @@ def test_time_to_accuracy_on_fashion_mnist(make_cluster, testbed_cli, tmp_path):
     assert curve[0]["train_loss"] > curve[-1]["train_loss"] and all(p["test_loss"] > 0 for p in curve)
     # evaluation: the whole test split, sharded across the ranks and summed; its time kept apart from training
     assert conv["eval_samples"] == 10_000 and all(p["eval_samples"] == 10_000 for p in curve)
-    summary = json.loads((out / "trials" / conv["trial_id"] / "summary.json").read_text())
+    summary = json.loads((out / "trials" / runs.loc[("syncsgd", 0), "trial_id"] / "summary.json").read_text())
     assert summary["eval_counts_per_rank"] == [5000, 5000]
     assert conv["eval_time_s"] == pytest.approx(sum(p["eval_s"] for p in curve))
     assert conv["eval_time_s"] > 0 and conv["train_time_s"] + conv["eval_time_s"] < conv["wall_s"]  # disjoint parts
 
-    # synchronous training takes the same steps at any link rate: the same seed gives the same curve at 20 Mbit/s
-    shaped = json.loads(direct["curve"])
-    assert direct["steps_to_target"] == conv["steps_to_target"]
-    assert [p["test_accuracy"] for p in shaped] == [p["test_accuracy"] for p in curve]
-    for a, b in zip(shaped, curve, strict=True):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6)
-        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-6)
+    # synchronous training takes the same steps at any link rate: the same seed gives the same curve at 20 Mbit/s,
+    # for sync SGD and for PowerSGD (its sketch seeded, its error feedback and worker thread deterministic)
+    for comp in ("syncsgd", "powersgd"):
+        unshaped, at_rate = runs.loc[(comp, 0)], runs.loc[(comp, 20_000_000)]
+        assert unshaped["reached_target"] and at_rate["steps_to_target"] == unshaped["steps_to_target"], comp
+        a_curve, b_curve = json.loads(at_rate["curve"]), json.loads(unshaped["curve"])
+        assert [p["test_accuracy"] for p in a_curve] == [p["test_accuracy"] for p in b_curve], comp
+        for a, b in zip(a_curve, b_curve, strict=True):
+            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6), comp
+            assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-6), comp
 
     # the report composes time to accuracy at 20 Mbit/s = steps to target x the throughput run's iteration time,
     # and checks it against the direct shaped run to target
