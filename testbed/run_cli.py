@@ -424,6 +424,13 @@ def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any
     meas = format_rate(row["measured_goodput_bps"]) if row.get("measured_goodput_bps") else "not probed"
     table.add_row("link: requested / measured goodput", f"{req} / {meas}")
     table.add_row("warm-up iterations (not measured)", str(row["warmup_iters"]))
+    if row.get("final_test_accuracy") is not None:  # a learning run (issue 33)
+        table.add_row("test accuracy (last evaluation)", f"{row['final_test_accuracy']:.4f} after {row['steps_run']} steps")
+        table.add_row("training / evaluation time", f"{row['train_time_s']:.1f} s / {row['eval_time_s']:.1f} s")
+    if row.get("target_accuracy") is not None:
+        reached = (f"{row['steps_to_target']} steps, {row['train_time_to_target_s']:.1f} s of training"
+                   if row.get("reached_target") else f"not reached in {row['steps_run']} steps")  # fmt: skip
+        table.add_row(f"to target accuracy {row['target_accuracy']:g}", reached)
     if baseline and baseline.get("status") == "ok":
         table.add_row("speedup over syncsgd", f"{baseline['iter_time_s_mean'] / it:.2f}x")
     elif trial.compressor != "syncsgd":
