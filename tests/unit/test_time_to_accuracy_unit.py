@@ -102,3 +102,28 @@ def test_composition_crossovers_never_and_the_headline():
     assert err["composed_s"] == pytest.approx(75.0) and err["error_pct"] == pytest.approx((75 - 55) / 55 * 100)
     final = final_accuracy(conv).set_index("compressor")
     assert final.loc["powersgd", "accuracy_mean"] == 0.8 and final.loc["powersgd", "budget_steps"] == 100
+
+
+def test_cifar10_and_imagefolder_layouts_load_with_their_shapes(tmp_path):
+    """The lab data sets (`cifar10:DIR`, `imagefolder:DIR`) through the same loader, from tiny fakes."""
+    import pickle
+
+    import numpy as np
+    from PIL import Image
+
+    from runners.data import load
+
+    base = tmp_path / "cifar" / "cifar-10-batches-py"
+    base.mkdir(parents=True)
+    for name in datafiles.CIFAR_FILES:
+        batch = {"data": np.full((4, 3072), 7, dtype=np.uint8), "labels": [0, 1, 2, 3]}
+        (base / name).write_bytes(pickle.dumps(batch))
+    src = load(f"cifar10:{tmp_path / 'cifar'}", 64)
+    assert src.train.images.shape == (20, 3, 32, 32) and src.test.images.shape == (4, 3, 32, 32)
+    assert (src.channels, src.image_size, src.classes) == (3, 32, 10)
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            (tmp_path / "imgs" / split / cls).mkdir(parents=True)
+            Image.new("L", (20, 10), 128).save(tmp_path / "imgs" / split / cls / "a.png")  # grayscale: made RGB
+    src = load(f"imagefolder:{tmp_path / 'imgs'}", 16)
+    assert src.train.images.shape == (2, 3, 16, 16) and src.classes == 2 and src.test.labels.tolist() == [0, 1]
