@@ -127,3 +127,20 @@ def test_cifar10_and_imagefolder_layouts_load_with_their_shapes(tmp_path):
             Image.new("L", (20, 10), 128).save(tmp_path / "imgs" / split / cls / "a.png")  # grayscale: made RGB
     src = load(f"imagefolder:{tmp_path / 'imgs'}", 16)
     assert src.train.images.shape == (2, 3, 16, 16) and src.classes == 2 and src.test.labels.tolist() == [0, 1]
+
+
+def test_rates_without_a_measurement_are_predicted_and_marked():
+    from testbed import perfmodel as pm
+
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict(model="cnn", batch_size=32))
+    curve = [{"step": 100, "test_accuracy": 0.8}]
+    conv = pd.DataFrame([_row("syncsgd", 0, 0, steps=100, curve=curve), _row("powersgd", 0, 0, steps=120, curve=curve)])
+    thr = pd.DataFrame([_row("syncsgd", 10_000_000, 0, it=0.5, target=None)])
+    tta, _ = compose(thr, conv, [prof], ModelSettings(), "syncsgd")
+    at = tta.set_index("compressor")
+    assert at.loc["syncsgd", "source"] == "measured" and at.loc["powersgd", "source"] == "predicted"
+    from testbed.report.analysis import network
+
+    net = network(2, 10_000_000, 0.0, ModelSettings())  # the report's own terms (default latency and efficiency)
+    predicted = pm.predict_iteration(prof, "powersgd", net, hook_blocks_backward=True).iter_time_s
+    assert at.loc["powersgd", "tta_s"] == pytest.approx(120 * predicted)
