@@ -237,10 +237,18 @@ def report_section(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.
                    baseline: str, out: Path) -> dict:  # fmt: skip
     """Everything the report adds for convergence runs: {"headline", "notes", "figures", "markdown", "tables"};
     empty values when the results hold no convergence run. Writes time_to_accuracy.csv and the figures."""
-    empty = {"headline": "", "notes": [], "figures": [], "markdown": "", "tables": {}}
+    mixed = []  # the throughput analysis groups by model, batch and workers only: say when data sets mix in a group
+    if "data" in thr.columns:
+        for (model, bs, ws), g in thr.groupby(["model", "batch_size", "world_size"]):
+            kinds = sorted(set(g["data"].fillna("synthetic")))
+            if len(kinds) > 1:
+                mixed.append(f"{model} bs{int(bs)}, {int(ws)} workers: throughput trials on {', '.join(kinds)} pooled "
+                             "in one group (their inputs differ in size); report them from separate results directories")
+    empty = {"headline": "", "notes": mixed, "figures": [], "markdown": "", "tables": {}}
     if conv.empty:
         return empty
     tta, notes = compose(thr, conv, profiles, s, baseline)
+    notes = mixed + notes
     cx = crossovers(tta, baseline) if not tta.empty else pd.DataFrame()
     final = final_accuracy(conv)
     errors = composition_errors(tta, conv) if not tta.empty else pd.DataFrame()
