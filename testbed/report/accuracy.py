@@ -41,7 +41,8 @@ def split_convergence(ok: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     if "eval_every" not in ok.columns or "target_accuracy" not in ok.columns:
         return ok, ok.iloc[0:0]
     conv = ok["eval_every"].notna()
-    ok = ok.assign(data=ok["data"].fillna("synthetic") if "data" in ok.columns else "synthetic")
+    # rows of older schemas have no data column (or an all-null float one): they trained on synthetic batches
+    ok = ok.assign(data=ok["data"].astype(object).fillna("synthetic") if "data" in ok.columns else "synthetic")
     return (ok[~conv] if (~conv).any() else ok), ok[conv]
 
 
