@@ -41,6 +41,7 @@ from typing import Any
 
 from runners.contract import ContractError, RankArgs, RankEnv
 from runners.files import atomic_write
+from runners.timeline import union
 
 RECORD_KEYS = (
     "rank", "iter", "forward_s", "backward_s", "encode_s", "comm_s", "decode_s", "optimizer_s", "iter_time_s",
@@ -417,21 +418,11 @@ def _serial_reduce_phases(clock, stats, t2, t_red) -> tuple[float, float, float]
         return [(max(0.0, sec(t2, a)), min(window, sec(t2, b))) for ph, _i, a, b, _c in stats.intervals_with_kind()
                 if ph == phase]  # fmt: skip
 
-    enc = _union(spans("encode"))
-    dec_and_enc = _union(spans("encode") + spans("decode"))
+    enc = union(spans("encode"))
+    dec_and_enc = union(spans("encode") + spans("decode"))
     encode = _length(enc)
     decode = _length(dec_and_enc) - encode
     return encode, max(0.0, window - encode - decode), decode
-
-
-def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(s for s in spans if s[1] > s[0]):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def _length(spans: list[tuple[float, float]]) -> float:

@@ -78,7 +78,7 @@ def validate(spec: str, options: dict[str, Any], plugin_path: str | None) -> dic
     return None
 
 
-def _env(plugin_path: str | None) -> dict[str, str]:
+def rank_env(plugin_path: str | None) -> dict[str, str]:
     from testbed.launch_plan import forwarded_env
 
     env = forwarded_env(os.environ)
@@ -88,6 +88,19 @@ def _env(plugin_path: str | None) -> dict[str, str]:
 
     env["PYTHONPATH"] = plugin_pythonpath(plugin_path)
     return env
+
+
+def end_all(procs: list[tuple[subprocess.Popen, Any]]) -> None:
+    """End each (process, log) started in its own session: its process group killed if still running, reaped,
+    its log closed (the loopback ranks of the conformance and convergence checks)."""
+    for p, log in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+        log.close()
 
 
 def _tail(path: Path) -> str:
@@ -137,7 +150,7 @@ def run_ranks(spec: str, options: dict[str, Any], plugin_path: str | None, *, wo
             for key, value in options.items():
                 argv += ["--opt", f"{key}={json.dumps(value)}"]
             log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below, after the process ends
-            procs.append((subprocess.Popen(argv, env=_env(plugin_path), cwd=out, stdout=log, stderr=subprocess.STDOUT,
+            procs.append((subprocess.Popen(argv, env=rank_env(plugin_path), cwd=out, stdout=log, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, start_new_session=True), log))  # fmt: skip
         deadline = time.monotonic() + timeout_s
         reason = None
@@ -167,14 +180,7 @@ def run_ranks(spec: str, options: dict[str, Any], plugin_path: str | None, *, wo
                     break
                 time.sleep(POLL_S)  # poll interval, bounded by the deadline
         finally:
-            for p, log in procs:
-                if p.poll() is None:
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                p.wait()
-                log.close()
+            end_all(procs)
         records: list[dict | None] = []
         for rank in range(world_size):
             try:

@@ -10,8 +10,6 @@ SGD's steps; fail when it never reaches the target or needs more than that.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +20,7 @@ from typing import Any
 
 from runners import catalog, datafiles
 from runners.contract import RankArgs, torchrun_env
-from testbed.conformance import Check, _env
+from testbed.conformance import Check, end_all, rank_env
 from testbed.errors import InputError
 
 TARGET, MAX_STEPS, EVAL_EVERY, LR, BATCH = 0.5, 400, 50, 0.05, 32  # sync SGD: 0.5 near step 150 (2 ranks, seed 0)
@@ -48,7 +46,7 @@ def train(spec: str, options: dict[str, Any], plugin_path: str | None, *, world_
         port = _free_port()
         procs = []
         for rank in range(world_size):
-            env = {**_env(plugin_path), **torchrun_env(rank=rank, world_size=world_size, local_rank=0,
+            env = {**rank_env(plugin_path), **torchrun_env(rank=rank, world_size=world_size, local_rank=0,
                                                          local_world_size=1, group_rank=rank,
                                                          master_addr="127.0.0.1", master_port=port)}  # fmt: skip
             log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below, after the process ends
@@ -62,14 +60,7 @@ def train(spec: str, options: dict[str, Any], plugin_path: str | None, *, world_
                     break
                 time.sleep(POLL_S)  # poll interval, bounded by the deadline
         finally:
-            for p, log in procs:
-                if p.poll() is None:
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                p.wait()
-                log.close()
+            end_all(procs)
         codes = [p.returncode for p, _ in procs]
         if any(c == 2 for c in codes):
             r = codes.index(2)
