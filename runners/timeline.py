@@ -126,6 +126,20 @@ def hook_spans(marks, rel) -> list[Span]:
     return spans
 
 
+class MarkSnapshot:
+    """One iteration's marks, kept by reference for ``iteration_record`` after the measured loop: ``--timeline`` then
+    adds no work between iterations (``CommStats.reset`` makes new lists, so these stay as they were)."""
+
+    __slots__ = ("marks", "intervals", "hook_end")
+
+    def __init__(self, marks, intervals, hook_end) -> None:
+        self.marks, self.intervals, self.hook_end = marks, intervals, hook_end
+
+    @classmethod
+    def of(cls, stats) -> MarkSnapshot:
+        return cls(stats.marks, stats.intervals, stats.hook_end)
+
+
 def iteration_record(clock, stats, *, serial: bool, t0, t1, t2, t_red, t3, last_grad, phases: dict,
                      builtin: bool, spans: bool = True) -> dict:  # fmt: skip
     """This iteration's overlap numbers (``"overlap"``) and, with ``spans``, its lanes and point marks, in seconds

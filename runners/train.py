@@ -184,7 +184,7 @@ def _train(job: Job, device) -> int:
     from runners import compressors, timeline
     from runners.buckets import BucketRecorder, serial_reduce
     from runners.models import build, make_optimizer
-    from runners.timeline import iteration_record, marking_hook
+    from runners.timeline import MarkSnapshot, iteration_record, marking_hook
     from runners.timing import Clock, last_grad_marks
     from runners.trace import Tracer
 
@@ -304,13 +304,12 @@ def _train(job: Job, device) -> int:
         rec = {"rank": rank, "iter": len(records)}
         if timing:
             rec.update(step_phases(clock, state.stats, args.serial, t0, t1, t2, t_red, t3, last_grad[0]))
-            view = iteration_record(clock, state.stats, serial=args.serial, t0=t0, t1=t1, t2=t2, t_red=t_red, t3=t3,
-                                    last_grad=last_grad[0], phases=rec, builtin=getattr(state, "builtin", False),
-                                    spans=bool(args.timeline_iters))  # fmt: skip
+            marks = {"serial": args.serial, "t0": t0, "t1": t1, "t2": t2, "t_red": t_red, "t3": t3,
+                     "last_grad": last_grad[0], "phases": dict(rec), "builtin": getattr(state, "builtin", False)}
+            view = iteration_record(clock, state.stats, spans=False, **marks)
             rec.update(view["overlap"])
-            if args.timeline_iters:
-                kept.append({"iter": rec["iter"], **view, "t0_wall_s": t0_wall, "iter_time_s": iter_time,
-                             "peer_wait_s": peer_wait})  # fmt: skip
+            if args.timeline_iters:  # the raw marks only (reset() makes new lists): lanes are drawn after the loop
+                kept.append((rec["iter"], t0_wall, iter_time, peer_wait, marks, MarkSnapshot.of(state.stats)))
         else:
             rec.update({k: None for k in PHASES + OVERLAP})
         rec.update({
@@ -330,7 +329,10 @@ def _train(job: Job, device) -> int:
     os.makedirs(args.out, exist_ok=True)
     atomic_write(os.path.join(args.out, f"rank{rank}.jsonl"), "".join(json.dumps(r) + "\n" for r in records))
     if args.timeline_iters:
-        timeline.write(args.out, rank, world, timeline_offsets, list(kept),
+        kept_views = [{"iter": i, **iteration_record(clock, snap, spans=True, **marks), "t0_wall_s": t_wall,
+                       "iter_time_s": it_s, "peer_wait_s": wait_s}
+                      for i, t_wall, it_s, wait_s, marks, snap in kept]  # fmt: skip
+        timeline.write(args.out, rank, world, timeline_offsets, kept_views,
                        {"compressor": args.compressor, "serial": args.serial, "overlap": args.overlap,
                         "device": device.type, "backend": job.backend})  # fmt: skip
 
