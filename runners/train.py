@@ -305,7 +305,7 @@ def _train(job: Job, device) -> int:
         if timing:
             rec.update(step_phases(clock, state.stats, args.serial, t0, t1, t2, t_red, t3, last_grad[0]))
             marks = {"serial": args.serial, "t0": t0, "t1": t1, "t2": t2, "t_red": t_red, "t3": t3,
-                     "last_grad": last_grad[0], "phases": dict(rec), "builtin": getattr(state, "builtin", False)}
+                     "last_grad": last_grad[0], "phases": dict(rec), "builtin": getattr(state, "builtin", False)}  # fmt: skip
             view = iteration_record(clock, state.stats, spans=False, **marks)
             rec.update(view["overlap"])
             if args.timeline_iters:  # the raw marks only (reset() makes new lists): lanes are drawn after the loop
