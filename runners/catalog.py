@@ -80,6 +80,7 @@ class Compressor:
     rounds: int  # dependent collectives per step
     options: tuple[Option, ...] = ()
     overlaps: bool = True  # the hook's communication overlaps backward
+    dense: bool = False  # sends every gradient entry (a dense baseline a speedup can be taken over)
 
     def option(self, name: str) -> Option:
         for o in self.options:
@@ -135,10 +136,10 @@ COMPRESSORS: dict[str, Compressor] = {
         Compressor(
             "syncsgd", "uncompressed all-reduce (the baseline)", "allreduce", 1,
             (Option("builtin", "bool", True, "DDP's own C++ all-reduce instead of a Python hook",
-                    "--builtin"),),
+                    "--builtin"),), dense=True,
         ),
-        Compressor("fp16", "gradients cast to float16 for the all-reduce", "allreduce", 1),
-        Compressor("bf16", "gradients cast to bfloat16 for the all-reduce", "allreduce", 1),
+        Compressor("fp16", "gradients cast to float16 for the all-reduce", "allreduce", 1, dense=True),
+        Compressor("bf16", "gradients cast to bfloat16 for the all-reduce", "allreduce", 1, dense=True),
         Compressor(
             "powersgd", "rank-r power iteration, two all-reduces per step (Vogels et al. 2019)", "allreduce", 2,
             (_rank(), _start_iter(), _min_rate(), _error_feedback(True),
@@ -160,6 +161,10 @@ COMPRESSORS: dict[str, Compressor] = {
         ),
     )
 }  # fmt: skip
+
+
+# the compressors that send every gradient entry: the baselines a speedup is taken over (--baseline)
+DENSE_BASELINES: tuple[str, ...] = tuple(n for n, c in COMPRESSORS.items() if c.dense)
 
 
 def names() -> list[str]:

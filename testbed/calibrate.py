@@ -6,7 +6,7 @@ Order of work (what is undone on the way out, whatever happens, as for a trial i
      cluster's current shaping (its rate is recorded);
   3. start one `python -m runners.collbench` rank per slot of the launch plan (torchrun environment, allowlisted
      variables, GLOO_SOCKET_IFNAME or NCCL's socket settings) in its own process group, and watch them;
-  4. fetch rank 0's JSON, fit (testbed.calibration), store `calibration-<cluster>-<backend>-p<p>-<rate>.json` beside
+  4. fetch rank 0's JSON, fit (testbed.perfmodel.fit), store `calibration-<cluster>-<backend>-p<p>-<rate>.json` beside
      the profiles (atomic write) and a figure of algbw/busbw per size beside it;
   5. put the cluster's configured shaping back.
 """
@@ -23,13 +23,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from runners.contract import CollBenchArgs
-from shaping.files import atomic_write
 from shaping.plan import LinkShape
-from testbed import calibration as cal
 from testbed import launch_plan
 from testbed.cluster import registry
 from testbed.config import Trial
 from testbed.errors import InputError, LaunchError
+from testbed.perfmodel.calibration import Calibration, calibration_from_bench, load_calibration, save_calibration
 
 DEFAULT_SIZES_BYTES = (16 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
 MAX_SIZE_BYTES = 1024**3
@@ -65,7 +64,7 @@ def run_calibration(
     timeout_s: float = 600.0,
     figure: bool = True,
     on_phase: Callable[[str], None] | None = None,
-) -> tuple[cal.Calibration, Path]:
+) -> tuple[Calibration, Path]:
     """Measure, fit and store; returns the calibration and the JSON's path (the figure is beside it, .png).
     `shape` None measures at the cluster's current shaping, or with every link unshaped when `unshaped`."""
     from testbed.launch import TrialFailed, end_trial, make_plan, watch_ranks
@@ -146,20 +145,11 @@ def run_calibration(
             raise LaunchError(f"calibration: cleaning up failed: {'; '.join(problems)}; `testbed down --name "
                               f"{cluster.name}` ends what is left")  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)  # kept only when the run failed: its error names the logs there
-    calibration = cal.calibration_from_bench(bench, cluster=cluster.name, rate_bps=rate_bps)
+    calibration = calibration_from_bench(bench, cluster=cluster.name, rate_bps=rate_bps)
     path = save_calibration(calibration, out_dir)
     if figure:
         from testbed.report.figures import plot_calibration
 
         plot_calibration(calibration, path.with_suffix(".png"))
-    return cal.load_calibration(path), path
+    return load_calibration(path), path
 
-
-def save_calibration(calibration: cal.Calibration, directory: str | Path) -> Path:
-    """Write the calibration JSON atomically beside the profiles; returns its path."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = cal.calibration_filename(
-        calibration.cluster, calibration.backend, calibration.world_size, calibration.rate_bps
-    )
-    return atomic_write(directory / name, json.dumps(cal.calibration_to_dict(calibration), indent=2) + "\n")

@@ -16,7 +16,6 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from testbed import calibration as cal
 from testbed import modelling
 from testbed import perfmodel as pm
 from testbed.errors import InputError, why_not_a_file
@@ -352,7 +351,7 @@ def parse_sizes(text: str, flag: str = "--sizes") -> list[int]:
     return sorted({parse_size_bytes(p, flag) for p in parts})
 
 
-def calibration_table(c: cal.Calibration) -> Table:
+def calibration_table(c: pm.Calibration) -> Table:
     from shaping.units import format_rate, format_size
 
     f = c.fitted
@@ -371,7 +370,7 @@ def calibration_table(c: cal.Calibration) -> Table:
     return t
 
 
-def calibration_summary(c: cal.Calibration) -> str:
+def calibration_summary(c: pm.Calibration) -> str:
     from shaping.units import format_rate
 
     f = c.fitted
@@ -433,7 +432,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                 on_phase=lambda msg: status.update(f"calibrating: {msg}..."),
             )
     if args.json:
-        sys.stdout.write(json.dumps({"path": str(path), **cal.calibration_to_dict(c)}, indent=2) + "\n")
+        sys.stdout.write(json.dumps({"path": str(path), **pm.calibration_to_dict(c)}, indent=2) + "\n")
         return 0
     console.print(calibration_table(c))
     console.print(calibration_summary(c))

@@ -1,6 +1,6 @@
 """The performance model's work behind `testbed profile` and `testbed predict`: measure and store profiles, pick the
 profile a prediction uses, and assemble a prediction as plain data. The CLI (model_cli.py) parses flags, calls one
-of these and prints; the equations live in perfmodel.py.
+of these and prints; the equations live in perfmodel/.
 
 Measuring imports runners.profile (and torch) only when a measurement is asked for.
 """
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from shaping.files import atomic_write
-from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed import plugins
 from testbed.errors import InputError, TestbedError
@@ -295,21 +294,21 @@ def resolve_terms(
     *,
     latency_s: float | None = None,
     efficiency: float | None = None,
-) -> cal.ModelTerms | cal.TermsByRate:
+) -> pm.ModelTerms | pm.TermsByRate:
     """The collective terms a prediction uses: `spec` a JSON path (that calibration), 'none' (the defaults), or
     'auto'/None (the ones stored in `profiles_dir` for this world size, see calibration.terms_for: interpolated by
     rate when there are several; the defaults when there is none). Latency / efficiency given override them."""
     if spec == "none":
-        return cal.model_terms(None, latency_s=latency_s, efficiency=efficiency)
+        return pm.model_terms(None, latency_s=latency_s, efficiency=efficiency)
     if spec and spec != "auto":
-        return cal.model_terms(cal.load_calibration(spec), latency_s=latency_s, efficiency=efficiency)
-    found = cal.find_calibrations(profiles_dir)
-    return cal.terms_for(found, world_size, latency_s=latency_s, efficiency=efficiency)
+        return pm.model_terms(pm.load_calibration(spec), latency_s=latency_s, efficiency=efficiency)
+    found = pm.find_calibrations(profiles_dir)
+    return pm.terms_for(found, world_size, latency_s=latency_s, efficiency=efficiency)
 
 
-def explicit_calibrations(spec: str) -> list[cal.Calibration]:
+def explicit_calibrations(spec: str) -> list[pm.Calibration]:
     """`--calibration none` (no calibration) or a file: the calibrations a report uses instead of the stored ones."""
-    return [] if spec == "none" else [cal.load_calibration(spec)]
+    return [] if spec == "none" else [pm.load_calibration(spec)]
 
 
 def prediction(
@@ -320,7 +319,7 @@ def prediction(
     world_size: int,
     baseline: str,
     compressors: list[str] | None = None,
-    terms: cal.ModelTerms | cal.TermsByRate | None = None,
+    terms: pm.ModelTerms | pm.TermsByRate | None = None,
     compute_speedup: float = 1.0,
     codec_speedup: float = 1.0,
     hook_blocks_backward: bool = True,
@@ -328,7 +327,7 @@ def prediction(
     """Everything `predict` shows, as plain data (its --json output): per compressor the predicted iteration time
     and speedup over `baseline` at each bandwidth, the best speedup and the crossover. `terms`: the collective
     terms (calibration.model_terms); default: the model's defaults, no calibration."""
-    terms = terms or cal.model_terms(None)
+    terms = terms or pm.model_terms(None)
     model = terms.as_dict()
     if world_size < 1:
         raise InputError(f"--world-size {world_size}: expected >= 1")

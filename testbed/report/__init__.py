@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 from testbed.report import render
@@ -84,7 +83,7 @@ def build_report(
     latency_s: float | None = None,
     efficiency: float | str | None = None,
     hook_blocks_backward: bool = True,
-    calibrations: Sequence[cal.Calibration] = (),
+    calibrations: Sequence[pm.Calibration] = (),
     results_dir: str | Path | None = None,
     timeline_trials: Sequence[str] = (),
 ) -> ReportResult:
@@ -251,6 +250,6 @@ def report_from_dir(
     baseline_description(baseline)
     profiles = pm.find_profiles(profiles_dir) if profiles_dir else []
     if "calibrations" not in kwargs:
-        kwargs["calibrations"] = cal.find_calibrations(profiles_dir)
+        kwargs["calibrations"] = pm.find_calibrations(profiles_dir)
     return build_report(load_results_dir(results_dir), out_dir, baseline=baseline, profiles=profiles,
                         results_dir=results_dir, **kwargs)  # fmt: skip

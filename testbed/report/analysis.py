@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from shaping.units import format_rate
-from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 
@@ -34,7 +33,7 @@ REQUIRED_COLUMNS = (
 PHASE_COLUMNS = ("forward_s", "backward_s", "optimizer_s", "encode_s", "comm_s", "decode_s")
 # the overlap split (issue 35): work that took no iteration time; null in rows before it and for built-in syncsgd
 HIDDEN_COLUMNS = ("comm_hidden_s", "codec_hidden_s")
-DENSE_BASELINES = ("syncsgd", "fp16", "bf16")
+DENSE_BASELINES = pm.BASELINES  # the catalogue's (runners/catalog.py DENSE_BASELINES)
 GROUP_KEYS = ["model", "batch_size", "world_size"]
 
 
@@ -319,10 +318,10 @@ class ModelSettings:
     latency_s: float | None = None
     efficiency: float | None = None
     hook_blocks_backward: bool = True
-    calibrations: tuple[cal.Calibration, ...] = ()
+    calibrations: tuple[pm.Calibration, ...] = ()
 
-    def terms(self, world_size: int) -> cal.ModelTerms | cal.TermsByRate:
-        return cal.terms_for(self.calibrations, int(world_size), latency_s=self.latency_s, efficiency=self.efficiency)
+    def terms(self, world_size: int) -> pm.ModelTerms | pm.TermsByRate:
+        return pm.terms_for(self.calibrations, int(world_size), latency_s=self.latency_s, efficiency=self.efficiency)
 
 
 def _delay(delay_s) -> float:

@@ -317,7 +317,7 @@ def plot_phases(g: pd.DataFrame, key: tuple, path: Path) -> Path:
 def plot_calibration(calibration, path: Path) -> Path:
     """`testbed calibrate`'s figure: measured busbw per message size of each collective (nccl-tests style) with the
     fitted model's curve, and the host (CPU) time per collective beside its wall time."""
-    from testbed.calibration import bus_factor
+    from testbed.perfmodel.fit import bus_factor
 
     c = calibration
     f = c.fitted

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from testbed import calibration as cal
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 from testbed.report.analysis import crossover_verdict
@@ -40,7 +39,7 @@ def synthetic_bench(
                 contention.append({"collective": coll, "bytes": n, "wall_s": [busy] * 3,
                                    "stolen_s": [stolen * 0.5, stolen, stolen * 3]})  # fmt: skip
     return {
-        "schema": cal.COLLBENCH_SCHEMA,
+        "schema": pm.COLLBENCH_SCHEMA,
         "backend": "gloo",
         "device": "cpu",
         "world_size": p,
@@ -53,22 +52,22 @@ def synthetic_bench(
 
 def test_fit_line_recovers_a_line_and_ignores_a_fast_small_message():
     xs = [1e4, 1e5, 1e6, 1e7]
-    fit = cal.fit_line(xs, [1e-4 + 2e-9 * x for x in xs])
+    fit = pm.fit_line(xs, [1e-4 + 2e-9 * x for x in xs])
     assert fit.intercept == pytest.approx(1e-4) and fit.slope == pytest.approx(2e-9)
     assert fit.rel_rms == pytest.approx(0.0, abs=1e-12)
     # the smallest message at half its time (a burst) moves neither the slope nor, much, the intercept
     ys = [1e-4 + 2e-9 * x for x in xs]
     ys[0] *= 0.5
-    fit = cal.fit_line(xs, ys)
+    fit = pm.fit_line(xs, ys)
     assert fit.slope == pytest.approx(2e-9)
     with pytest.raises(InputError, match="two or more distinct"):
-        cal.fit_line([1e6, 1e6], [1.0, 1.1])
+        pm.fit_line([1e6, 1e6], [1.0, 1.1])
 
 
 @pytest.mark.parametrize("p", [2, 4])
 def test_fit_recovers_alpha_bandwidths_and_host_costs(p):
     alpha, b_ar, b_ag, k, gamma = 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.4e-9
-    c = cal.calibration_from_bench(synthetic_bench(p, alpha, b_ar, b_ag, k, gamma), cluster="c", rate_bps=10**9)
+    c = pm.calibration_from_bench(synthetic_bench(p, alpha, b_ar, b_ag, k, gamma), cluster="c", rate_bps=10**9)
     f = c.fitted
     assert f.latency_s == pytest.approx(alpha, rel=1e-6)
     assert f.bandwidth_bps == pytest.approx(b_ar, rel=1e-6)
@@ -88,7 +87,7 @@ def test_fit_recovers_alpha_bandwidths_and_host_costs(p):
 def test_fit_without_contention_uses_cpu_time_and_burst_does_not_move_bandwidth():
     bench = synthetic_bench(2, 50e-6, 1e9, 1e9, 2e-9, 0.0, burst_small=True)
     bench.pop("contention")
-    c = cal.calibration_from_bench(bench, cluster="c", rate_bps=None)
+    c = pm.calibration_from_bench(bench, cluster="c", rate_bps=None)
     assert c.fitted.bandwidth_bps == pytest.approx(1e9, rel=1e-6)
     assert c.fitted.host_source == "process CPU time"
     assert c.fitted.host_s_per_wire_byte == pytest.approx(1e-9, rel=1e-6)  # cpu_s is host / 2 in the fixture
@@ -101,48 +100,48 @@ def test_fit_refuses_time_that_does_not_grow():
     for s in bench["samples"]:
         s["wall_s"] = [0.01] * 3
     with pytest.raises(InputError, match="does not grow with message size"):
-        cal.calibration_from_bench(bench, cluster="c", rate_bps=None)
+        pm.calibration_from_bench(bench, cluster="c", rate_bps=None)
 
 
 def test_json_round_trip_and_pick(tmp_path):
-    c = cal.calibration_from_bench(
+    c = pm.calibration_from_bench(
         synthetic_bench(2, 80e-6, 0.9e9, 0.9e9, 1e-9, 0.0),
         cluster="c",
         rate_bps=10**9,
         created_at="2026-01-01T00:00:00",
     )
-    path = tmp_path / cal.calibration_filename("c", "gloo", 2, 10**9)
-    path.write_text(json.dumps(cal.calibration_to_dict(c)))
-    back = cal.load_calibration(path)
+    path = tmp_path / pm.calibration_filename("c", "gloo", 2, 10**9)
+    path.write_text(json.dumps(pm.calibration_to_dict(c)))
+    back = pm.load_calibration(path)
     assert back.fitted == c.fitted and back.samples == c.samples and back.contention == c.contention
-    newer = cal.calibration_from_bench(
+    newer = pm.calibration_from_bench(
         synthetic_bench(2, 80e-6, 0.5e9, 0.5e9, 1e-9, 0.0),
         cluster="c",
         rate_bps=10**9,
         created_at="2026-02-01T00:00:00",
     )
-    four = cal.calibration_from_bench(synthetic_bench(4, 80e-6, 0.5e9, 0.5e9, 1e-9, 0.0), cluster="c", rate_bps=None)
-    (tmp_path / "calibration-c-gloo-p2-new.json").write_text(json.dumps(cal.calibration_to_dict(newer)))
-    (tmp_path / "calibration-c-gloo-p4-unshaped.json").write_text(json.dumps(cal.calibration_to_dict(four)))
+    four = pm.calibration_from_bench(synthetic_bench(4, 80e-6, 0.5e9, 0.5e9, 1e-9, 0.0), cluster="c", rate_bps=None)
+    (tmp_path / "calibration-c-gloo-p2-new.json").write_text(json.dumps(pm.calibration_to_dict(newer)))
+    (tmp_path / "calibration-c-gloo-p4-unshaped.json").write_text(json.dumps(pm.calibration_to_dict(four)))
     (tmp_path / "calibration-broken.json").write_text("{")
-    found = cal.find_calibrations(tmp_path)
+    found = pm.find_calibrations(tmp_path)
     assert len(found) == 3  # the broken one skipped
-    assert cal.pick_calibration(found, 2).created_at == "2026-02-01T00:00:00"  # same world size, newest
-    assert cal.pick_calibration(found, 4).world_size == 4
-    assert cal.pick_calibration(found, 2, backend="nccl") is None
+    assert pm.pick_calibration(found, 2).created_at == "2026-02-01T00:00:00"  # same world size, newest
+    assert pm.pick_calibration(found, 4).world_size == 4
+    assert pm.pick_calibration(found, 2, backend="nccl") is None
     with pytest.raises(InputError, match="schema"):
-        cal.calibration_from_dict({"schema": "other"})
+        pm.calibration_from_dict({"schema": "other"})
 
 
 def test_model_terms_say_where_they_come_from():
-    assert "defaults" in cal.model_terms(None).source
-    assert cal.model_terms(None).latency_s == 50e-6 and cal.model_terms(None).efficiency == 1.0
-    c = cal.calibration_from_bench(synthetic_bench(2, 80e-6, 0.9e9, 0.6e9, 1e-9, 0.0), cluster="c", rate_bps=10**9)
-    t = cal.model_terms(c)
+    assert "defaults" in pm.model_terms(None).source
+    assert pm.model_terms(None).latency_s == 50e-6 and pm.model_terms(None).efficiency == 1.0
+    c = pm.calibration_from_bench(synthetic_bench(2, 80e-6, 0.9e9, 0.6e9, 1e-9, 0.0), cluster="c", rate_bps=10**9)
+    t = pm.model_terms(c)
     assert t.latency_s == pytest.approx(80e-6) and t.efficiency == pytest.approx(0.9)
     assert t.allgather_efficiency == pytest.approx(0.6)
     assert "calibration" in t.source and "given on the command line" not in t.source
-    t2 = cal.model_terms(c, efficiency=0.5)
+    t2 = pm.model_terms(c, efficiency=0.5)
     assert t2.efficiency == 0.5 and t2.allgather_efficiency is None and "efficiency given" in t2.source
     assert t2.host_s_per_wire_byte == pytest.approx(1e-9)  # the host cost still comes from the calibration
 
@@ -211,23 +210,23 @@ def test_fit_recovers_what_compute_beside_a_collective_adds(p):
     """The contention probe's wall times at two sizes against the idle line: c_lat per latency step, c_byte per wire
     byte; the host cost k comes from the largest size only (the smallest message's stolen time is per message)."""
     bench = synthetic_bench(p, 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.4e-9, c_lat=2e-3, c_byte=5e-9)
-    f = cal.calibration_from_bench(bench, cluster="c", rate_bps=10**9).fitted
+    f = pm.calibration_from_bench(bench, cluster="c", rate_bps=10**9).fitted
     assert f.contention_latency_s == pytest.approx(2e-3, rel=1e-6)
     assert f.contention_s_per_wire_byte == pytest.approx(5e-9, rel=1e-6)
     assert f.host_s_per_wire_byte == pytest.approx(1.5e-9, rel=1e-6)
     # the probe at one size only (older calibrations): no contention terms, the rest unchanged
     one = {**bench, "contention": [c for c in bench["contention"] if c["bytes"] == SIZES[-1]]}
-    f1 = cal.calibration_from_bench(one, cluster="c", rate_bps=10**9).fitted
+    f1 = pm.calibration_from_bench(one, cluster="c", rate_bps=10**9).fitted
     assert (f1.contention_latency_s, f1.contention_s_per_wire_byte) == (0.0, 0.0)
     assert f1.host_s_per_wire_byte == pytest.approx(1.5e-9, rel=1e-6)
 
 
 def test_contention_terms_reach_the_model_and_lengthen_collectives_beside_compute():
     bench = synthetic_bench(4, 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.4e-9, c_lat=2e-3, c_byte=5e-9)
-    c = cal.calibration_from_bench(bench, cluster="c", rate_bps=10**9)
-    back = cal.calibration_from_dict(json.loads(json.dumps(cal.calibration_to_dict(c))))
+    c = pm.calibration_from_bench(bench, cluster="c", rate_bps=10**9)
+    back = pm.calibration_from_dict(json.loads(json.dumps(pm.calibration_to_dict(c))))
     assert back.fitted.contention_latency_s == pytest.approx(2e-3)
-    terms = cal.model_terms(back)
+    terms = pm.model_terms(back)
     assert "+2e+03 us per step" in terms.describe() and "+5 ns/B" in terms.describe()
     net = terms.network(4, 1e9)
     plain = dataclasses.replace(net, contention_latency_s=0.0, contention_s_per_wire_byte=0.0)
@@ -269,11 +268,11 @@ def _bucket_profile(ready_at_s: float, backward_s: float, n: int = 8_000_000) ->
 def test_lockstep_skew_is_measured_stored_and_a_floor_under_the_straggler_term():
     bench = synthetic_bench(4, 80e-6, 0.94e9, 0.62e9, 1.5e-9, 0.0)
     bench["lockstep"] = {"skew_s": [0.030, 0.010, 0.020, 0.200, 0.015]}  # one step with a long stall
-    c = cal.calibration_from_bench(bench, cluster="c", rate_bps=10**9)
+    c = pm.calibration_from_bench(bench, cluster="c", rate_bps=10**9)
     assert c.skew_s == pytest.approx(0.020)  # the median step
-    back = cal.calibration_from_dict(json.loads(json.dumps(cal.calibration_to_dict(c))))
+    back = pm.calibration_from_dict(json.loads(json.dumps(pm.calibration_to_dict(c))))
     assert back.skew_s == pytest.approx(0.020)
-    terms = cal.model_terms(back)
+    terms = pm.model_terms(back)
     assert terms.skew_s == pytest.approx(0.020) and "20 ms late in lockstep" in terms.describe()
     prof = _bucket_profile(ready_at_s=0.5, backward_s=0.5)
     with_skew = pm.predict_iteration(prof, "comp", terms.network(4, 1e9))
@@ -286,15 +285,15 @@ def test_lockstep_skew_is_measured_stored_and_a_floor_under_the_straggler_term()
         pm.straggler_s(0.1, 4))
     assert pm.predict_iteration(prof, "comp", terms.network(1, 1e9)).straggler_s == 0.0
     # a calibration stored before the probe existed: no skew
-    old = cal.calibration_to_dict(c)
+    old = pm.calibration_to_dict(c)
     old.pop("lockstep")
-    assert cal.calibration_from_dict(old).skew_s == 0.0
+    assert pm.calibration_from_dict(old).skew_s == 0.0
 
 
 def _at(rate_bps, k, c_byte, created_at="2026-01-01T00:00:00", b_ar=0.9e9, p=2):
     """A calibration at `rate_bps` (None: unshaped, reaching `b_ar`) with host cost k and contention c_byte."""
     bench = synthetic_bench(p, 80e-6, b_ar, b_ar * 0.6, k, 0.0, c_byte=c_byte)
-    return cal.calibration_from_bench(bench, cluster="c", rate_bps=rate_bps, created_at=created_at)
+    return pm.calibration_from_bench(bench, cluster="c", rate_bps=rate_bps, created_at=created_at)
 
 
 def test_calibrations_at_several_rates_are_interpolated_in_log_rate():
@@ -302,10 +301,10 @@ def test_calibrations_at_several_rates_are_interpolated_in_log_rate():
     high = _at(None, k=1e-9, c_byte=0.5e-9, b_ar=10e9)  # unshaped: sits at the 10 Gbit its all-reduce reached
     stale = _at(10**9, k=9e-9, c_byte=9e-9, created_at="2025-01-01T00:00:00", b_ar=0.9e9)
     other = _at(10**9, k=5e-9, c_byte=5e-9, p=4)
-    terms = cal.terms_for([high, stale, other, low], 2)
-    assert isinstance(terms, cal.TermsByRate)
+    terms = pm.terms_for([high, stale, other, low], 2)
+    assert isinstance(terms, pm.TermsByRate)
     assert terms.calibrations == (low, high)  # the newest at each rate, ascending; the 4-rank one not mixed in
-    assert cal.calibrated_rate_bps(high) == pytest.approx(10e9)
+    assert pm.calibrated_rate_bps(high) == pytest.approx(10e9)
     # at and beyond each end: that calibration's terms; between: linear in log(rate)
     assert terms.at(0.5e9).host_s_per_wire_byte == pytest.approx(3e-9)
     assert terms.at(40e9).host_s_per_wire_byte == pytest.approx(1e-9)
@@ -322,14 +321,14 @@ def test_calibrations_at_several_rates_are_interpolated_in_log_rate():
     assert "interpolated by rate" in terms.describe() and "unshaped" in terms.describe()
     assert [r["rate_bps"] for r in terms.as_dict()["interpolated_by_rate"]] == pytest.approx([1e9, 10e9])
     # given latency / efficiency override every point
-    given = cal.terms_for([low, high], 2, latency_s=0.0, efficiency=0.5)
+    given = pm.terms_for([low, high], 2, latency_s=0.0, efficiency=0.5)
     assert given.at(40e9).latency_s == 0.0 and given.at(40e9).efficiency == 0.5
     assert "given on the command line" in given.source
     # one calibration: its terms at every rate, as before
-    one = cal.terms_for([low, other], 2)
-    assert isinstance(one, cal.ModelTerms) and one.host_s_per_wire_byte == pytest.approx(3e-9)
+    one = pm.terms_for([low, other], 2)
+    assert isinstance(one, pm.ModelTerms) and one.host_s_per_wire_byte == pytest.approx(3e-9)
     assert pm.at(one.function(2), 2, 40e9).host_s_per_wire_byte == pytest.approx(3e-9)
-    assert "defaults" in cal.terms_for([], 2).source
+    assert "defaults" in pm.terms_for([], 2).source
 
 
 def test_interpolated_terms_decide_a_crossover_the_host_cost_hides():
@@ -346,7 +345,7 @@ def test_interpolated_terms_decide_a_crossover_the_host_cost_hides():
     })  # fmt: skip
     low = _at(10**9, k=3e-9, c_byte=0.0)
     high = _at(None, k=0.2e-9, c_byte=0.0, b_ar=20e9)
-    one = pm.crossover(prof, "comp", 2, 1e8, 4e10, terms=cal.terms_for([low], 2).function(2))
-    both = pm.crossover(prof, "comp", 2, 1e8, 4e10, terms=cal.terms_for([low, high], 2).function(2))
+    one = pm.crossover(prof, "comp", 2, 1e8, 4e10, terms=pm.terms_for([low], 2).function(2))
+    both = pm.crossover(prof, "comp", 2, 1e8, 4e10, terms=pm.terms_for([low, high], 2).function(2))
     assert one.kind == "always"
     assert both.kind == "crossover" and 1e9 < both.bandwidth_bps < 4e10

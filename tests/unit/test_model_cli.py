@@ -229,12 +229,11 @@ def test_predict_rejects_compressor_missing_from_profile(tmp_path):
 def test_predict_uses_a_calibration_and_says_which(tmp_path, profile_file, capsys):
     from test_calibration import synthetic_bench
 
-    from testbed import calibration as cal
 
-    c = cal.calibration_from_bench(synthetic_bench(4, 200e-6, 0.8e9, 0.5e9, 2e-9, 1e-9), cluster="lab", rate_bps=10**9)
+    c = pm.calibration_from_bench(synthetic_bench(4, 200e-6, 0.8e9, 0.5e9, 2e-9, 1e-9), cluster="lab", rate_bps=10**9)
     (tmp_path / "profiles").mkdir()
-    path = tmp_path / "profiles" / cal.calibration_filename("lab", "gloo", 4, 10**9)
-    path.write_text(json.dumps(cal.calibration_to_dict(c)))
+    path = tmp_path / "profiles" / pm.calibration_filename("lab", "gloo", 4, 10**9)
+    path.write_text(json.dumps(pm.calibration_to_dict(c)))
     argv = ["predict", "--profile", str(profile_file), "--world-size", "4", "--bw", "10gbit", "--json"]
     assert run([*argv, "--profiles", str(tmp_path / "profiles")]) == 0  # auto: the stored one
     data = json.loads(capsys.readouterr().out)

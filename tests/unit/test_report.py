@@ -363,10 +363,9 @@ def test_serial_trials_are_their_own_variant_and_predicted_without_overlap(tmp_p
 def test_report_names_its_calibration_and_gives_crossover_verdicts(tmp_path):
     from test_calibration import synthetic_bench
 
-    from testbed import calibration as cal
 
     prof = pm.profile_from_dict(pm.synthetic_profile_dict("resnet18", 32))
-    c = cal.calibration_from_bench(synthetic_bench(4, 80e-6, 0.9e9, 0.9e9, 1e-9, 0.0), cluster="lab", rate_bps=10**9)
+    c = pm.calibration_from_bench(synthetic_bench(4, 80e-6, 0.9e9, 0.9e9, 1e-9, 0.0), cluster="lab", rate_bps=10**9)
     res = build_report(synthetic_frame(), tmp_path / "with", profiles=[prof], calibrations=[c])
     md = (tmp_path / "with" / "summary.md").read_text()
     assert "calibration cluster lab" in md and "host cost 1 ns/B" in md

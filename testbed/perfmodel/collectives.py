@@ -1,0 +1,142 @@
+"""Collective costs (alpha-beta, ring algorithms), with `B_eff = efficiency * B`:
+
+   all-reduce of n bytes on p workers   2(p-1) alpha + 2(p-1)/p * 8n / B_eff
+   all-gather of n_c bytes per worker    (p-1) alpha +  (p-1)   * 8n_c / B_eff
+
+A compressor with r dependent rounds pays the latency term r times; its `payload_bytes` is the total of all rounds.
+The calibrated host cost (k per wire byte, gamma per reduced byte) bounds a collective from below, and the
+contention terms add what compute running beside it costs (perfmodel/fit.py fits them). `Network` holds the terms.
+Bandwidths are in **bits** per second (as tc and the results store write them); payloads in bytes."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from testbed.errors import InputError
+
+COLLECTIVES = ("allreduce", "allgather")
+
+
+@dataclass(frozen=True)
+class Network:
+    """The link every worker sees. `efficiency` is the fraction of `bandwidth_bps` a collective achieves."""
+
+    world_size: int
+    bandwidth_bps: float
+    latency_s: float = 0.0
+    efficiency: float = 1.0
+    host_s_per_wire_byte: float = 0.0  # k: host time per byte a rank sends (copies, socket stack); calibrated
+    reduce_s_per_byte: float = 0.0  # gamma: host time per byte a rank reduces; calibrated
+    allgather_efficiency: float | None = None  # all-gather's fraction of the link when it differs (None: efficiency)
+    # what running beside the ranks' compute adds to a collective (calibrated by the contention probe): per latency
+    # step, and per byte a rank sends
+    contention_latency_s: float = 0.0
+    contention_s_per_wire_byte: float = 0.0
+    # how much later than the typical rank the slowest one finishes a step the ranks start together (calibrated by
+    # the lockstep probe; ranks time-sharing cores): a floor under the straggler term of the profile's spread
+    skew_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("host_s_per_wire_byte", "reduce_s_per_byte", "contention_latency_s", "contention_s_per_wire_byte",
+                     "skew_s"):  # fmt: skip
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise InputError(f"{name} {v!r}: expected a finite number >= 0 (seconds)")
+        if int(self.world_size) != self.world_size or self.world_size < 1:
+            raise InputError(f"world size {self.world_size!r}: expected an integer >= 1")
+        if not (self.bandwidth_bps > 0 and math.isfinite(self.bandwidth_bps)):
+            raise InputError(f"bandwidth {self.bandwidth_bps!r} bit/s: expected a positive finite rate")
+        if self.latency_s < 0 or not math.isfinite(self.latency_s):
+            raise InputError(f"latency {self.latency_s!r} s: expected >= 0")
+        for name in ("efficiency", "allgather_efficiency"):
+            v = getattr(self, name)
+            if v is not None and not (0 < v <= 1):
+                raise InputError(f"{name.replace('_', ' ')} {v!r}: expected a fraction in (0, 1]")
+
+
+
+# --------------------------------------------------------------------------------------------- cost formulas
+def allreduce_time_s(
+    n_bytes: float,
+    world_size: int,
+    bandwidth_bps: float,
+    latency_s: float = 0.0,
+    efficiency: float = 1.0,
+    rounds: int = 1,
+) -> float:
+    """Ring all-reduce of `n_bytes` in total over `rounds` dependent rounds: 2(p-1)a*r + 2(p-1)/p * 8n/B_eff."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * latency_s * rounds + 2 * (p - 1) / p * 8.0 * n_bytes / (bandwidth_bps * efficiency)
+
+
+def allgather_time_s(
+    n_bytes_per_worker: float,
+    world_size: int,
+    bandwidth_bps: float,
+    latency_s: float = 0.0,
+    efficiency: float = 1.0,
+    rounds: int = 1,
+) -> float:
+    """Ring all-gather of `n_bytes_per_worker` from each worker: (p-1)a*r + (p-1) * 8n_c/B_eff."""
+    p = world_size
+    if p <= 1:
+        return 0.0
+    return (p - 1) * latency_s * rounds + (p - 1) * 8.0 * n_bytes_per_worker / (bandwidth_bps * efficiency)
+
+
+def collective_host_s(collective: str, n_bytes: float, net: Network) -> float:
+    """Host time one rank spends on a collective (calibrated k and gamma; 0 without a calibration):
+    all-reduce of n bytes          (p-1)/p * n * (2k + gamma)   (sends 2(p-1)/p n, reduces (p-1)/p n)
+    all-gather of n_c per worker   (p-1) * n_c * k              (sends (p-1) n_c, reduces nothing)"""
+    p = net.world_size
+    if p <= 1:
+        return 0.0
+    if collective == "allreduce":
+        return (p - 1) / p * n_bytes * (2 * net.host_s_per_wire_byte + net.reduce_s_per_byte)
+    if collective == "allgather":
+        return (p - 1) * n_bytes * net.host_s_per_wire_byte
+    raise InputError(f"collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+
+
+def collective_time_s(
+    collective: str, n_bytes: float, rounds: int, net: Network, *, beside_compute_s: float = math.inf
+) -> float:
+    """Latency term + max(bandwidth term, host time) + contention: a collective never runs faster than its host can
+    copy and reduce (gloo on CPU at high rates); with no calibrated host cost this is the plain alpha-beta time.
+    The contention (`collective_contention_s`) is what compute running beside the collective adds; with compute only
+    for the collective's first `beside_compute_s` seconds, only the part of the collective that overlaps it pays."""
+    if collective == "allreduce":
+        fn = allreduce_time_s
+    elif collective == "allgather":
+        fn = allgather_time_s
+    else:
+        raise InputError(f"collective {collective!r}; expected one of {', '.join(COLLECTIVES)}")
+    p, b, eff = net.world_size, net.bandwidth_bps, net.efficiency
+    if collective == "allgather" and net.allgather_efficiency is not None:
+        eff = net.allgather_efficiency
+    latency = fn(0.0, p, b, net.latency_s, eff, rounds)
+    body = max(fn(n_bytes, p, b, 0.0, eff, rounds), collective_host_s(collective, n_bytes, net))
+    free = latency + body
+    extra = collective_contention_s(collective, n_bytes, rounds, net)
+    if extra <= 0 or beside_compute_s >= free + extra:
+        return free + extra
+    # slowed while compute runs beside it (progress at free / (free + extra) of its rate), then at full speed
+    return free + max(0.0, beside_compute_s) * extra / (free + extra)
+
+
+def collective_contention_s(collective: str, n_bytes: float, rounds: int, net: Network) -> float:
+    """What a collective loses to the compute running beside it (calibrated; 0 without a calibration): every latency
+    step pays `contention_latency_s` (a peer's thread waits for a core) and every byte a rank sends
+    `contention_s_per_wire_byte` (the pipe idles while its sender is descheduled):
+        all-reduce  2(p-1) r * c_lat + 2(p-1)/p * n * c_byte      all-gather  (p-1) r * c_lat + (p-1) * n_c * c_byte"""
+    p = net.world_size
+    if p <= 1 or not (net.contention_latency_s or net.contention_s_per_wire_byte):
+        return 0.0
+    if collective == "allreduce":
+        steps, wire = 2 * (p - 1) * rounds, 2 * (p - 1) / p * n_bytes
+    else:
+        steps, wire = (p - 1) * rounds, (p - 1) * n_bytes
+    return steps * net.contention_latency_s + wire * net.contention_s_per_wire_byte

@@ -1,0 +1,297 @@
+"""Analytical performance model: predicted iteration time per compressor, crossover bandwidth, what-if knobs.
+
+Pure functions over frozen dataclasses; SI units with the unit in the name (`_s`, `_bytes`, `_bps`).
+Bandwidths are in **bits** per second (as tc and the results store write them); payloads in bytes.
+
+The model (docs/performance-model.md has the derivation and where it breaks):
+
+1. Collective costs (alpha-beta, ring algorithms), with `B_eff = efficiency * B`:
+   all-reduce of n bytes on p workers   2(p-1) alpha + 2(p-1)/p * 8n / B_eff
+   all-gather of n_c bytes per worker    (p-1) alpha +  (p-1)   * 8n_c / B_eff
+   A compressor with r dependent rounds pays the latency term r times; its `payload_bytes` is the total of all rounds.
+2. One iteration = forward + backward-with-communication + optimizer.  Buckets become ready during the backward
+   pass at `ready_at_s` (measured without communication), in DDP reduction order.
+   - Overlapped (the runner's default `--overlap on`: DDP's own all-reduce, the single-collective hooks that return
+     their collective's future with decode chained, and powersgd's ordered communication worker): communication
+     hides behind the remaining backward like syncsgd's, while encode and decode stay on the compute path.
+     One compute resource runs, in this order: backward compute up to bucket i's `ready_at_s`, bucket i's encode
+     (the hook), and any decode whose data has arrived (a callback interrupts backward when its data lands):
+         hook_i  = (compute cursor after backward up to ready_i and the decodes that landed before) ; enc_i after it
+         comm_start_i = max(hook_i + enc_i, link_free) ;  link_free = comm_end_i = comm_start_i + T_comm(i)
+         dec_i runs at max(comm_end_i, compute cursor) for decode_s_i and pushes the rest of backward back by it.
+     The backward phase ends when the backward compute and the last decode are done. A multi-round compressor's
+     work between its rounds (powersgd: orthogonalise, Q = M^T P) is part of its profiled encode, charged to the
+     hook: an upper bound on the compute-path cost.
+   - Blocking (`hook_blocks_backward=True`, the runner's `--overlap off`: every collective is waited inside the
+     hook): the backward stream stalls for encode + communication + decode of each bucket, so those add up in
+     series with backward compute:  end_i = max(ready_i + stall, end_{i-1}) + enc_i + T_comm(i) + dec_i.
+   `syncsgd` (DDP's built-in all-reduce, no hook) is always overlapped.
+3. World size 1: no gradient exchange, so no communication and no encode/decode.
+4. Stragglers: every iteration ends at a synchronisation, so it waits for the slowest rank's compute. With the
+   profile's iteration-to-iteration spread sigma (`compute_jitter_s`), the median iteration is longer by
+   sigma * z_p, z_p = Phi^-1((1/2)^(1/p)) (`straggler_s`), at least by the calibration's lockstep skew
+   (`Network.skew_s`, the probe's small CNN: ranks that time-share cores finish a step apart by about a time
+   slice). A co-located profile whose ranks are the world size measured the term itself (`Profile.lockstep_skew_s`:
+   per step started together, the slowest rank minus the median one, with the model): it is used as is
+   (`slowest_rank_s`).
+5. Contention (calibrated; `collective_contention_s`): a collective running beside compute is slower by c_lat per
+   latency step and c_byte per wire byte, for the part of it that overlaps the backward compute still to run (none
+   after backward's end, none inside a hook that holds backward).
+6. Floor (co-located profiles, when their co-located ranks are the world size): a step exposes at least the
+   communication it exposed when the ranks trained with the compressor in lockstep on loopback
+   (`CompressorProfile.lockstep_comm_s`), since a slower link only adds to it: ranks time-sharing cores wait at every
+   collective for the ones still computing, more than the skew of their compute alone (4 ranks on 2 cores, cnn:
+   20-26 ms exposed in place against 4 ms for the same collectives idle and 7-9 ms compute skew); and a step takes
+   at least the whole step it took there (`CompressorProfile.lockstep_step_s`, the slowest rank's, median over
+   steps): what the composition of medians leaves out there (a peer's decode or encode landing in this rank's
+   forward, the phases' correlation) stays in (4 ranks on 2 cores, resnet18, Sign-SGD: trial 1.67 s, in place
+   1.63 s, the composition of the profile's medians 1.58 s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+
+from testbed.perfmodel.collectives import Network, collective_host_s, collective_time_s
+from testbed.perfmodel.profiles import Profile
+
+# Compressors that overlap whatever the runner's --overlap says: syncsgd is DDP's built-in all-reduce (no hook).
+# With --overlap off every hook (fp16 and bf16 too) waits inside the hook.
+ASYNC_COMPRESSORS = frozenset({"syncsgd"})
+
+
+@dataclass(frozen=True)
+class BucketTimeline:
+    index: int
+    ready_s: float  # wall time (from backward start) when the bucket was handed to the hook
+    comm_start_s: float
+    comm_end_s: float
+    done_s: float  # decoded
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted iteration of one compressor on one network. Phase sums are totals, not just the exposed part."""
+
+    compressor: str
+    world_size: int
+    bandwidth_bps: float
+    iter_time_s: float
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    encode_s: float
+    comm_s: float
+    decode_s: float
+    samples_per_s: float  # global: world_size * batch_size / iter_time_s
+    hook_blocks_backward: bool
+    timeline: tuple[BucketTimeline, ...] = ()
+    straggler_s: float = 0.0  # the slowest of world_size ranks beyond the typical one (included in iter_time_s)
+    # the composition of the profile's phases (with straggler_s) before the in-place floors; iter_time_s is the larger
+    # of it and the floors (`CompressorProfile.lockstep_comm_s`, `lockstep_step_s`). None: built without one.
+    composed_s: float | None = None
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def exposed_s(self) -> float:
+        """Time the iteration spends beyond pure compute (communication and codec work that was not hidden)."""
+        return self.iter_time_s - self.compute_s
+
+
+
+def compute_finish_s(now: float, work_s: float, busy: Sequence[tuple[float, float, float]]) -> float:
+    """When `work_s` of compute started at `now` is done, while collectives take host time beside it.
+
+    `busy` are the link intervals (start, end, f) in time order, f = host time / duration of that collective (capped
+    at 1): during an interval compute advances at rate 1 - f (one compute resource shared with the collective's
+    copies and reductions; host-bound, f = 1, stalls it), elsewhere at rate 1."""
+    for start, end, f in busy:
+        if end <= now or f <= 0:
+            continue
+        if start > now:
+            if work_s <= start - now:
+                return now + work_s
+            work_s -= start - now
+            now = start
+        rate = 1.0 - min(1.0, f)
+        if rate > 0 and rate * (end - now) >= work_s:
+            return now + work_s / rate
+        work_s -= rate * (end - now)
+        now = end
+    return now + work_s
+
+
+def compute_done_between(t0: float, t1: float, busy: Sequence[tuple[float, float, float]]) -> float:
+    """Compute progress (seconds of work) between t0 and t1 under the same sharing as `compute_finish_s`."""
+    done = max(0.0, t1 - t0)
+    for start, end, f in busy:
+        lo, hi = max(start, t0), min(end, t1)
+        if hi > lo and f > 0:
+            done -= min(1.0, f) * (hi - lo)
+    return max(0.0, done)
+
+
+# --------------------------------------------------------------------------------------------- iteration model
+def straggler_s(jitter_s: float, world_size: int) -> float:
+    """How much later than the typical rank the slowest of `world_size` synchronised ranks finishes its compute, in
+    the median iteration: the ranks' compute times are independent draws with spread `jitter_s` (a normal
+    approximation), and the iteration waits for their maximum, whose median is at the (1/2)^(1/p) quantile:
+    0.545 sigma for p = 2, 0.998 sigma for 4, 1.40 sigma for 8, 2.1 sigma for 64."""
+    if world_size <= 1 or jitter_s <= 0:
+        return 0.0
+    return jitter_s * NormalDist().inv_cdf(0.5 ** (1.0 / world_size))
+
+
+def slowest_rank_s(profile: Profile, net: Network) -> float:
+    """How much later than the typical rank the slowest one finishes its compute, in the median iteration. Measured
+    directly when the profile's co-located ranks are the world size (its lockstep skew: per step started together,
+    slowest minus median rank); else estimated from the profile's spread (`straggler_s`), at least the
+    calibration's lockstep skew (the probe's small CNN). 0 for one rank."""
+    p = net.world_size
+    if p <= 1:
+        return 0.0
+    if profile.lockstep_skew_s is not None and profile.colocated_ranks == p:
+        return profile.lockstep_skew_s
+    return max(straggler_s(profile.compute_jitter_s, p), net.skew_s)
+
+
+def predict_iteration(
+    profile: Profile, compressor: str, net: Network, *, hook_blocks_backward: bool = False
+) -> Prediction:
+    """Predicted time of one training iteration with `compressor` on `net` (see the module docstring).
+    `hook_blocks_backward` True models the runner's `--overlap off`; False (default) its `--overlap on`."""
+    comp = profile.compressor(compressor)
+    f, bw, opt = profile.forward_s, profile.backward_s, profile.optimizer_s
+    p = net.world_size
+    blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
+
+    straggler = slowest_rank_s(profile, net)
+    in_lockstep = profile.colocated_ranks == p > 1
+    comm_floor = comp.lockstep_comm_s if comp.lockstep_comm_s is not None and in_lockstep else 0.0
+    step_floor = comp.lockstep_step_s if comp.lockstep_step_s is not None and in_lockstep else 0.0
+
+    def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
+        composed = iter_s + straggler
+        iter_s = max(composed, f + bw + opt + enc + dec + comm_floor, step_floor)
+        return Prediction(
+            compressor,
+            p,
+            net.bandwidth_bps,
+            iter_s,
+            f,
+            bw,
+            opt,
+            enc,
+            comm,
+            dec,
+            p * profile.batch_size / iter_s if iter_s > 0 else math.inf,
+            blocks,
+            tl,
+            straggler,
+            composed,
+        )
+
+    if p == 1:
+        return result(f + bw + opt, 0.0, 0.0, 0.0, ())
+
+    codec = {b.index: b for b in comp.buckets}
+    timeline: list[BucketTimeline] = []
+    enc_total = comm_total = dec_total = 0.0
+    if blocks:
+        stall = 0.0  # how long the backward stream has been held by hooks so far
+        end = 0.0
+        for g in profile.buckets:
+            c = codec[g.index]
+            # the hook holds the backward stream: no compute of this rank runs beside the collective
+            comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net, beside_compute_s=0.0)
+            start = max(g.ready_at_s + stall, end)
+            comm_start = start + c.encode_s
+            end = comm_start + comm + c.decode_s
+            stall = end - g.ready_at_s
+            timeline.append(BucketTimeline(g.index, start, comm_start, comm_start + comm, end))
+            enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
+        backward_end = max(bw + stall, end)
+    else:
+        now = prev_ready = link_free = 0.0  # now: the compute cursor (backward + encode + landed decodes)
+        pending: list[tuple[float, float, int]] = []  # (comm_end, decode_s, position in timeline), link order
+        done_at: dict[int, float] = {}
+        busy: list[tuple[float, float, float]] = []  # (comm_start, comm_end, host share) of each collective
+
+        def run_backward(now: float, compute_s: float) -> float:
+            """Backward compute of `compute_s`, slowed by the host share of collectives running beside it and
+            interrupted by every decode that lands before it is through."""
+            while pending and pending[0][0] <= compute_finish_s(now, compute_s, busy):
+                avail, dec, pos = pending.pop(0)
+                start = max(avail, now)
+                compute_s -= compute_done_between(now, start, busy)
+                now = start + dec
+                done_at[pos] = now
+            return compute_finish_s(now, compute_s, busy)
+
+        for g in profile.buckets:
+            c = codec[g.index]
+            now = run_backward(now, max(0.0, g.ready_at_s - prev_ready))
+            prev_ready = max(prev_ready, g.ready_at_s)
+            start = now
+            now += c.encode_s
+            comm_start = max(now, link_free)
+            # the backward compute still to run beside it (an estimate: before the slowdowns it will meet)
+            compute_left = max(0.0, now + (bw - prev_ready) - comm_start)
+            comm = collective_time_s(comp.collective, c.payload_bytes, comp.rounds, net, beside_compute_s=compute_left)
+            link_free = comm_start + comm
+            host = collective_host_s(comp.collective, c.payload_bytes, net)
+            if host > 0 and comm > 0:
+                busy.append((comm_start, link_free, host / comm))
+            pending.append((link_free, c.decode_s, len(timeline)))
+            timeline.append(BucketTimeline(g.index, start, comm_start, link_free, link_free + c.decode_s))
+            enc_total, comm_total, dec_total = enc_total + c.encode_s, comm_total + comm, dec_total + c.decode_s
+        now = run_backward(now, max(0.0, bw - prev_ready))
+        for avail, dec, pos in pending:  # decodes after backward compute, in arrival order
+            now = max(now, avail) + dec
+            done_at[pos] = now
+        timeline = [replace(t, done_s=done_at[i]) for i, t in enumerate(timeline)]
+        backward_end = now
+    return result(f + backward_end + opt, enc_total, comm_total, dec_total, tuple(timeline))
+
+
+def predict_curves(
+    profile: Profile,
+    world_size: int,
+    bandwidths_bps: Sequence[float],
+    *,
+    compressors: Sequence[str] | None = None,
+    terms: Terms = None,
+    hook_blocks_backward: bool = False,
+) -> dict[str, list[Prediction]]:
+    """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth. `terms`: the
+    collective terms (latency, efficiency, host and contention costs) as a Network whose world size and bandwidth
+    are replaced by the arguments'; default: none of them (plain alpha-beta with alpha 0)."""
+    names = list(compressors) if compressors else profile.compressor_names()
+    return {
+        name: [
+            predict_iteration(profile, name, at(terms, world_size, b), hook_blocks_backward=hook_blocks_backward)
+            for b in bandwidths_bps
+        ]
+        for name in names
+    }
+
+
+Terms = Network | Callable[[float], Network] | None
+"""The collective terms of a prediction: one Network for every bandwidth, or a function of the bandwidth (terms
+calibrated at several rates, interpolated between them), or None for the defaults."""
+
+
+def at(terms: Terms, world_size: int, bandwidth_bps: float) -> Network:
+    """`terms` (a Network used as the collective terms, or a function of the bandwidth giving one) for
+    `world_size` workers at `bandwidth_bps`."""
+    if terms is None:
+        return Network(int(world_size), float(bandwidth_bps))
+    if callable(terms):
+        terms = terms(float(bandwidth_bps))
+    return replace(terms, world_size=int(world_size), bandwidth_bps=float(bandwidth_bps))
