@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runners import catalog
+from runners.contract import TRAINING_DEFAULTS
 from shaping.plan import LinkShape
 from shaping.units import format_rate, parse_rate_bps, parse_size_bytes, parse_time_s
 from testbed.errors import InputError
@@ -86,17 +87,18 @@ class Trial:
     compressor: str
     rate_bps: int | None  # None: unshaped
     world_size: int
-    model: str = "resnet18"
-    batch_size: int = 32
-    iters: int = 20
-    warmup_iters: int = 5
-    seed: int = 0
+    # the training settings' defaults have one home, runners.contract.TRAINING_DEFAULTS (the ranks read it too)
+    model: str = TRAINING_DEFAULTS.model
+    batch_size: int = TRAINING_DEFAULTS.batch_size
+    iters: int = TRAINING_DEFAULTS.iters
+    warmup_iters: int = TRAINING_DEFAULTS.warmup_iters
+    seed: int = TRAINING_DEFAULTS.seed
     burst_bytes: int | None = None
     qdisc: str = "htb"
     delay_s: float = 0.0
-    image_size: int = 64
-    seq_len: int = 128
-    bucket_cap_mb: float = 25.0
+    image_size: int = TRAINING_DEFAULTS.image_size
+    seq_len: int = TRAINING_DEFAULTS.seq_len
+    bucket_cap_mb: float = TRAINING_DEFAULTS.bucket_cap_mb
     serial: bool = False
     overlap: bool = True  # hooks return un-waited futures (communication overlaps backward); off: hooks block
     skew_probe: bool = False  # measure per-collective peer skew (peer_wait_s) with one tiny extra all-gather each

@@ -19,7 +19,8 @@ from testbed.results import load_results
 NAME = "demo"
 OUT = Path(os.environ.get("TESTBED_DEMO_OUT", "demo-results"))
 RATES = ("100mbit", "2gbit")
-TRIAL = ["--model", "resnet18", "--image-size", "64", "--batch-size", "16", "--iters", "5", "--warmup-iters", "3"]
+# warm-up, input size: the trial defaults (runners.contract.TRAINING_DEFAULTS), as a user's plain `testbed run`
+TRIAL = ["--model", "resnet18", "--batch-size", "16", "--iters", "5"]
 TRIAL += ["--rerun"]  # a second `make demo` measures again (a new attempt) instead of refusing the stored trials
 
 

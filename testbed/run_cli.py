@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from typing import Any
@@ -11,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from rich.table import Table
 
 from runners import catalog
-from runners.contract import RankArgs
+from runners.contract import TRAINING_DEFAULTS, RankArgs
 from shaping.units import format_rate, format_size
 from testbed.cli_common import add_json, add_name, console, print_json
 from testbed.cluster import backends, registry
@@ -46,14 +47,7 @@ OPTION_FLAGS = {key: (flag, _FLAG_TYPES[kind]) for key, (flag, kind) in catalog.
 
 # trial settings a sweep file also sets: with --config, giving one of these flags is refused (it would be ignored)
 TRIAL_FLAG_DEFAULTS: dict[str, Any] = {
-    "model": "resnet18",
-    "batch_size": 32,
-    "iters": 20,
-    "warmup_iters": 5,
-    "seed": 0,
-    "image_size": catalog.DEFAULT_IMAGE_SIZE,
-    "seq_len": catalog.DEFAULT_SEQ_LEN,
-    "bucket_cap_mb": 25.0,
+    **dataclasses.asdict(TRAINING_DEFAULTS),  # model, batch size, iterations, warm-up, seed, input sizes, bucket cap
     "serial": False,
     "burst": None,
     "qdisc": "htb",
@@ -82,25 +76,26 @@ def add_trial_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     """The trial flags; for `sweep` their defaults are None so that a flag given beside --config is seen."""
     d = {k: None for k in TRIAL_FLAG_DEFAULTS} if sweep else TRIAL_FLAG_DEFAULTS
     models = ", ".join(catalog.MODEL_NAMES)
-    p.add_argument("--model", default=d["model"], help=f"{models} (default resnet18)")
-    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="per rank (default 32)")
-    p.add_argument("--iters", type=int, default=d["iters"], help="measured iterations (default 20)")
+    p.add_argument("--model", default=d["model"], help=f"{models} (default {TRAINING_DEFAULTS.model})")
+    p.add_argument("--batch-size", type=int, default=d["batch_size"], help=f"per rank (default {TRAINING_DEFAULTS.batch_size})")
+    p.add_argument("--iters", type=int, default=d["iters"], help=f"measured iterations (default {TRAINING_DEFAULTS.iters})")
     p.add_argument(
         "--warmup-iters",
         type=int,
         default=d["warmup_iters"],
-        help="unrecorded; raised to cover the compressor's start-up (default 5)",
+        help=f"unrecorded; raised to cover the compressor's start-up (default {TRAINING_DEFAULTS.warmup_iters})",
     )
     p.add_argument("--seed", type=int, default=d["seed"])
     lo, hi = catalog.IMAGE_SIZE_RANGE
     p.add_argument(
-        "--image-size", type=int, default=d["image_size"], help=f"input side for CNNs, {lo}..{hi} (default 64)"
+        "--image-size", type=int, default=d["image_size"], help=f"input side for CNNs, {lo}..{hi} (default {TRAINING_DEFAULTS.image_size})"
     )
     lo, hi = catalog.SEQ_LEN_RANGE
     p.add_argument(
-        "--seq-len", type=int, default=d["seq_len"], help=f"sequence length for bert-base, {lo}..{hi} (default 128)"
+        "--seq-len", type=int, default=d["seq_len"], help=f"sequence length for bert-base, {lo}..{hi} (default {TRAINING_DEFAULTS.seq_len})"
     )
-    p.add_argument("--bucket-cap-mb", type=float, default=d["bucket_cap_mb"], help="DDP bucket size (default 25)")
+    p.add_argument("--bucket-cap-mb", type=float, default=d["bucket_cap_mb"],
+                   help=f"DDP bucket size (default {TRAINING_DEFAULTS.bucket_cap_mb:g})")  # fmt: skip
     p.add_argument(
         "--serial",
         action="store_true",

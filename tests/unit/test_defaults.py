@@ -1,0 +1,45 @@
+"""One home per default and per fact (issue 31): the trial defaults, the compressor names, the dense baselines."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from runners import catalog
+from runners.contract import TRAINING_DEFAULTS, RankArgs
+from testbed import perfmodel as pm
+from testbed.config import Trial
+
+
+def test_trial_defaults_have_one_home():
+    """Trial, RankArgs, `testbed run`'s flags and the sweep loader (through Trial) read runners.contract."""
+    from testbed.run_cli import TRIAL_FLAG_DEFAULTS, add_trial_flags
+
+    trial = {f.name: f.default for f in dataclasses.fields(Trial)}
+    rank = {f.name: f.default for f in dataclasses.fields(RankArgs)}
+    p = argparse.ArgumentParser()
+    add_trial_flags(p)
+    flags = vars(p.parse_args([]))
+    for key, value in dataclasses.asdict(TRAINING_DEFAULTS).items():
+        assert trial[key] == value, key
+        assert TRIAL_FLAG_DEFAULTS[key] == value, key
+        assert flags[key] == value, key
+        if key in rank and key != "model":  # a rank is always told its workload
+            assert rank[key] == value, key
+    assert TRAINING_DEFAULTS.image_size == catalog.DEFAULT_IMAGE_SIZE
+    assert TRAINING_DEFAULTS.seq_len == catalog.DEFAULT_SEQ_LEN
+
+
+def test_demo_runs_the_default_warm_up():
+    """`make demo` warned about its own trial while its warm-up differed from the default; it sets none now."""
+    from testbed import demo
+
+    assert "--warmup-iters" not in demo.TRIAL and "--image-size" not in demo.TRIAL
+
+
+def test_compressor_names_and_baselines_come_from_the_catalogue():
+    assert pm.COMPRESSORS == tuple(catalog.names())
+    assert pm.BASELINES == catalog.DENSE_BASELINES == ("syncsgd", "fp16", "bf16")
+    assert list(pm.SYNTHETIC_CODECS) == catalog.names()
+    for name, (collective, rounds, *_costs) in pm.SYNTHETIC_CODECS.items():
+        assert (collective, rounds) == (catalog.COMPRESSORS[name].collective, catalog.COMPRESSORS[name].rounds)
