@@ -1,0 +1,177 @@
+"""The crossover search as a state machine (testbed/crossover_search.py): fed with simulated measurements drawn from
+known curves, it must bracket the true crossover to the precision asked, answer "always"/"never"/"tie", resume from
+any prefix of its own measurements, and refuse bad settings with one line naming what is accepted."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from testbed import crossover_search as cs
+from testbed.errors import InputError
+
+MBIT, GBIT = 10**6, 10**9
+
+
+def curves(cross_bps: float, compute_s: float = 0.1):
+    """sync SGD: compute + comm ~ 1/B; the compressor: compute + a fixed codec cost; equal at `cross_bps`."""
+    comm_at_cross = 0.05
+
+    def sync(b):
+        return compute_s + comm_at_cross * cross_bps / b
+
+    def comp(b):
+        return compute_s + comm_at_cross - 0.001 + 0.001 * cross_bps / b
+
+    return comp, sync
+
+
+def runs(t: float, n: int, rng: random.Random, noise: float) -> tuple[cs.Run, ...]:
+    out = []
+    for _ in range(n):
+        m = t * (1 + rng.gauss(0, noise))
+        out.append(cs.Run(m, m * (1 - 2 * noise), m * (1 + 2 * noise)))
+    return tuple(out)
+
+
+def drive(settings: cs.Settings, comp, sync, *, noise: float = 0.005, seed: int = 0, budget: int = 200):
+    """Run the search to its answer, measuring with the curves; returns (answer, measured, trials run)."""
+    rng = random.Random(seed)
+    measured: dict[int, cs.Point] = {}
+    ran = 0
+    while True:
+        step = cs.next_step(settings, measured)
+        if isinstance(step, cs.Answer):
+            return step, measured, ran
+        p = measured.get(step.rate_bps, cs.Point(step.rate_bps))
+        more_c = step.compressor_runs - len(p.compressor)
+        more_s = step.baseline_runs - len(p.baseline)
+        assert more_c > 0 or more_s > 0, "a Measure must ask for something not yet measured"
+        measured[step.rate_bps] = cs.Point(
+            step.rate_bps,
+            p.compressor + runs(comp(step.rate_bps), more_c, rng, noise),
+            p.baseline + runs(sync(step.rate_bps), more_s, rng, noise),
+        )
+        ran += more_c + more_s
+        assert ran < budget
+
+
+@pytest.mark.parametrize("cross", [80 * MBIT, 700 * MBIT, 3.2 * GBIT, 19 * GBIT])
+@pytest.mark.parametrize("guess", [None, 0.5, 0.95, 1.05, 3.0])
+def test_brackets_the_true_crossover_to_the_precision(cross, guess):
+    comp, sync = curves(cross)
+    s = cs.Settings(50 * MBIT, 25 * GBIT, 0.10, start_bps=cross * guess if guess else None)
+    ans, _, ran = drive(s, comp, sync, noise=0.0005)  # quiet: one run each decides (noise has its own test)
+    assert ans.kind == "crossover", ans
+    assert ans.low_bps <= cross <= ans.high_bps
+    assert ans.high_bps / ans.low_bps <= 1.10 + 1e-9
+    assert ans.wins_below is True
+    assert ans.trials == ran
+    # a 7-rate grid over the range takes 14 trials and places the crossover only between two rates 2.8x apart
+    assert ran <= 10, ran
+    if guess in (0.95, 1.05):
+        assert ran == 4, ans.visits  # aimed by a right model: the first guess and one step just past the precision
+    assert cs.prediction_ratio(cross, ans) == pytest.approx(1.0, rel=0.1)
+    assert "pays below" in ans.describe("powersgd rank=4") and f"{ran} trials" in ans.describe("x")
+
+
+def test_wins_at_the_top_is_always_and_loses_at_the_bottom_is_never():
+    comp, sync = curves(100 * GBIT)  # crossover far above the range: wins everywhere in it
+    ans, _, ran = drive(cs.Settings(50 * MBIT, 25 * GBIT, start_bps=25 * GBIT), comp, sync)
+    assert (ans.kind, ran) == ("always", 2)
+    ans, _, _ = drive(cs.Settings(50 * MBIT, 25 * GBIT, start_bps=1 * GBIT), comp, sync)
+    assert ans.kind == "always" and ans.visits[-1].rate_bps == 25 * GBIT
+    assert "pays at every rate" in ans.describe("acpsgd")
+    comp, sync = curves(1 * MBIT)  # far below: loses everywhere
+    ans, _, ran = drive(cs.Settings(50 * MBIT, 25 * GBIT, start_bps=10 * MBIT), comp, sync)
+    assert (ans.kind, ran) == ("never", 2)
+    assert ans.visits[-1].rate_bps == 50 * MBIT and "never pays" in ans.describe("topk")
+
+
+def test_equal_within_noise_is_a_tie_with_repeats():
+    def same(_b):
+        return 0.2
+
+    ans, measured, ran = drive(cs.Settings(50 * MBIT, 25 * GBIT, repeats=3, start_bps=1 * GBIT), same, same, noise=0.02)
+    assert ans.kind == "tie"
+    assert ans.estimate_bps == 1 * GBIT and ran == 6  # 3 runs of each side at the first rate
+    p = measured[1 * GBIT]
+    assert len(p.compressor) == len(p.baseline) == 3
+    assert "equal within noise at 1gbit" in ans.describe("fp16")
+
+
+def test_one_run_each_decides_when_the_ranges_do_not_overlap():
+    far = cs.Point(10, (cs.Run(1.0, 0.9, 1.1),), (cs.Run(2.0, 1.9, 2.1),))
+    assert cs.judge(far, 3).outcome == cs.WIN
+    near = cs.Point(10, (cs.Run(1.0, 0.9, 1.1),), (cs.Run(1.05, 0.95, 1.15),))
+    v = cs.judge(near, 3)
+    assert v.outcome is None and (v.need_compressor, v.need_baseline) == (2, 2)
+    assert cs.judge(near, 1).outcome == cs.WIN  # --repeats 1: the medians decide
+
+
+def test_resumes_from_any_prefix_of_its_own_measurements():
+    """The next step is a function of what is stored: replaying after a stop asks for the same rate."""
+    comp, sync = curves(2 * GBIT)
+    s = cs.Settings(50 * MBIT, 25 * GBIT, start_bps=600 * MBIT)
+    ans, measured, _ = drive(s, comp, sync)
+    order = [v.rate_bps for v in ans.visits]
+    for k in range(len(order)):
+        prefix = {r: measured[r] for r in order[:k]}
+        step = cs.next_step(s, prefix)
+        assert isinstance(step, cs.Measure) and step.rate_bps == order[k]
+        assert [v.rate_bps for v in step.visits] == order[:k]
+    again = cs.next_step(s, measured)
+    assert again == ans  # nothing left to run: the same answer
+
+
+def test_reuses_a_stored_rate_close_to_the_one_it_would_pick():
+    comp, sync = curves(2 * GBIT)
+    s = cs.Settings(50 * MBIT, 25 * GBIT, start_bps=2.01 * GBIT, known_bps=(2 * GBIT,))
+    step = cs.next_step(s, {})
+    assert step.rate_bps == 2 * GBIT
+
+
+def test_rates_are_rounded_to_three_digits():
+    step = cs.next_step(cs.Settings(50 * MBIT, 25 * GBIT, start_bps=1234567890.0), {})
+    assert step.rate_bps == 1_230_000_000
+    assert step.trials_left >= 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"low_bps": 100, "high_bps": 100}, "--bw-range"),
+        ({"low_bps": 200, "high_bps": 100}, "--bw-range"),
+        ({"low_bps": 0, "high_bps": 100}, "--bw-range"),
+        ({"low_bps": 1, "high_bps": 100, "precision": 0}, "--precision"),
+        ({"low_bps": 1, "high_bps": 100, "precision": -0.1}, "--precision"),
+        ({"low_bps": 1, "high_bps": 100, "repeats": 0}, "--repeats"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(kwargs, word):
+    with pytest.raises(InputError) as e:
+        cs.Settings(**kwargs)
+    assert str(e.value).startswith(word) and "expected" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(("text", "value"), [("10%", 0.1), ("0.05", 0.05), ("2.5%", 0.025)])
+def test_precision_parses_percent_and_fraction(text, value):
+    assert cs.parse_precision(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["0", "0%", "abc", "nan", "-5%", "%"])
+def test_bad_precision_is_refused(text):
+    with pytest.raises(InputError, match="--precision"):
+        cs.parse_precision(text)
+
+
+def test_noisy_curves_still_bracket_or_tie_around_the_crossover():
+    for seed in range(20):
+        cross = 10 ** random.Random(seed).uniform(8, 10)
+        comp, sync = curves(cross)
+        ans, _, ran = drive(cs.Settings(50 * MBIT, 25 * GBIT, start_bps=cross * 2), comp, sync, noise=0.02, seed=seed)
+        assert ans.kind in ("crossover", "tie"), ans
+        assert ans.low_bps <= cross * 1.05 and ans.high_bps >= cross / 1.05, (seed, ans)
+        assert math.isfinite(ran)
