@@ -684,7 +684,7 @@ def add_commands(sub) -> None:
     add_json(p)
     p.add_argument("--bw", help="link rate for this trial, e.g. 500mbit (or none)")
     p.add_argument(
-        "--compressor", default="syncsgd", help="syncsgd, fp16, bf16, powersgd, acpsgd, signsgd, topk, mstopk, an "
+        "--compressor", default="syncsgd", help=f"{', '.join(catalog.names())}, an "
         "installed plugin's name (testbed compressors) or MODULE:FACTORY (with --plugin-path DIR; a plugin is code, run as "
         "root in local mode)"
     )

@@ -11,20 +11,13 @@ and the class attributes ``COLLECTIVE`` ("allreduce"|"allgather") and ``ROUNDS``
 
 from __future__ import annotations
 
+import importlib
+
 from runners import catalog
-from runners.compressors import acpsgd, bf16, fp16, mstopk, powersgd, signsgd, syncsgd, topk
 from runners.compressors.base import CompressorState, FlatBucket
 
-_MODULES = {
-    "syncsgd": syncsgd,
-    "fp16": fp16,
-    "bf16": bf16,
-    "powersgd": powersgd,
-    "acpsgd": acpsgd,
-    "signsgd": signsgd,
-    "topk": topk,
-    "mstopk": mstopk,
-}
+# one module per built-in compressor, named as the catalogue names it (runners/catalog.py: the one list of names)
+_MODULES = {name: importlib.import_module(f"runners.compressors.{name}") for name in catalog.names()}
 
 __all__ = ["get", "names", "options_of", "attach", "CompressorState", "FlatBucket"]
 

@@ -8,12 +8,9 @@ from runners.compressors.base import CompressorState, allreduce_then
 
 
 class CastState(CompressorState):
-    COLLECTIVE = "allreduce"
-    ROUNDS = 1
     DTYPE = torch.float16
     LOSSLESS = True  # up to the 16-bit rounding: TOLERANCE is relative to the largest gradient entry
     TOLERANCE = 2e-3
-    HYPERPARAMS = ()
     __slots__ = ()
 
 

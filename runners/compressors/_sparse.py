@@ -11,8 +11,6 @@ from runners.compressors.base import CompressorState, allgather_then, start_erro
 
 
 class SparseState(CompressorState):
-    COLLECTIVE = "allgather"
-    ROUNDS = 1
     BUFFERS = ("error",)
     __slots__ = ()
 

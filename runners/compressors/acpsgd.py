@@ -20,6 +20,7 @@ Options: rank (>= 1), start_iter (>= 2), min_compression_rate (>= 0), error_feed
 import torch
 import torch.distributed as dist
 
+from runners import catalog
 from runners.compressors.base import (
     CompressorState,
     allreduce_mean_async,
@@ -35,17 +36,10 @@ from runners.compressors.powersgd import low_rank_plan
 
 class ACPSGDState(CompressorState):
     NAME = "acpsgd"
-    COLLECTIVE = "allreduce"
-    ROUNDS = 1
-    HYPERPARAMS = ("rank", "start_iter", "min_compression_rate", "error_feedback", "seed")
+    HYPERPARAMS = catalog.options_of(NAME)  # user hyper-parameters, collective and rounds: runners/catalog.py
     BUFFERS = ("error", "p_memory", "q_memory", "step")
     __slots__ = (
-        # user hyper-parameters
-        "rank",
-        "start_iter",
-        "min_compression_rate",
-        "error_feedback",
-        "seed",
+        *HYPERPARAMS,  # user hyper-parameters first
         # internal buffers
         "error",
         "p_memory",

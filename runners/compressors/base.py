@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from runners import catalog
 from runners.timing import CommStats
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -147,6 +148,8 @@ class CompressorState:
 
     Subclasses list their user hyper-parameters first in ``__slots__`` and name them in ``HYPERPARAMS``; internal
     buffers follow. ``BUFFERS`` names the slots that ``state_dict()`` saves besides the hyper-parameters and ``iter``.
+    A built-in compressor's ``HYPERPARAMS``, ``COLLECTIVE`` and ``ROUNDS`` are its catalogue entry's
+    (runners/catalog.py, their one home: `catalog_facts`), set when its class is made from its ``NAME``.
     """
 
     NAME = "base"
@@ -159,6 +162,14 @@ class CompressorState:
     BUFFERS: tuple[str, ...] = ()
 
     __slots__ = ("process_group", "stats", "iter", "layouts", "overlap", "worker")
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        entry = catalog.COMPRESSORS.get(cls.__dict__.get("NAME", ""))
+        if entry is not None:  # a built-in: the catalogue's facts (a plugin's class declares its own)
+            cls.COLLECTIVE, cls.ROUNDS = entry.collective, entry.rounds
+            if "HYPERPARAMS" not in cls.__dict__:
+                cls.HYPERPARAMS = entry.option_names
 
     def __init__(self, process_group=None) -> None:
         self.process_group = process_group

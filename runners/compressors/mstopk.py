@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from runners import catalog
 from runners.compressors._sparse import SparseState, sparse_hook
 from runners.compressors.base import check_bool, check_int, check_ratio
 
@@ -63,8 +64,8 @@ def bisect(sample: torch.Tensor, target: float, steps: int) -> tuple[torch.Tenso
 
 class MSTopKState(SparseState):
     NAME = "mstopk"
-    HYPERPARAMS = ("ratio", "samplings", "error_feedback", "seed")
-    __slots__ = ("ratio", "samplings", "error_feedback", "seed", "error", "generator")
+    HYPERPARAMS = catalog.options_of(NAME)  # user hyper-parameters, collective and rounds: runners/catalog.py
+    __slots__ = (*HYPERPARAMS, "error", "generator")
 
     def __init__(
         self, process_group=None, ratio: float = 0.01, samplings: int = 20, error_feedback: bool = True, seed: int = 0

@@ -30,6 +30,7 @@ error_feedback, warm_start, seed, flavour ("testbed" default | "pytorch").
 import torch
 import torch.distributed as dist
 
+from runners import catalog
 from runners.compressors.base import (
     CommWorker,
     CompressorState,
@@ -65,20 +66,11 @@ def should_compress(rows: int, cols: int, rank: int, min_compression_rate: float
 
 class PowerSGDState(CompressorState):
     NAME = "powersgd"
-    COLLECTIVE = "allreduce"
-    ROUNDS = 2
-    HYPERPARAMS = ("rank", "start_iter", "min_compression_rate", "error_feedback", "warm_start", "seed", "flavour")
+    HYPERPARAMS = catalog.options_of(NAME)  # user hyper-parameters, collective and rounds: runners/catalog.py
     FLAVOURS = ("testbed", "pytorch")
     BUFFERS = ("error", "q_memory")
     __slots__ = (
-        # user hyper-parameters
-        "rank",
-        "start_iter",
-        "min_compression_rate",
-        "error_feedback",
-        "warm_start",
-        "seed",
-        "flavour",
+        *HYPERPARAMS,  # user hyper-parameters first
         # internal buffers, per bucket index
         "error",
         "q_memory",

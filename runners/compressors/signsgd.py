@@ -16,6 +16,7 @@ Options: error_feedback (default False: plain majority vote).
 import torch
 import torch.distributed as dist
 
+from runners import catalog
 from runners.compressors.base import (
     CompressorState,
     allgather_then,
@@ -46,11 +47,9 @@ def unpack_signs(packed: torch.Tensor, d: int) -> torch.Tensor:
 
 class SignSGDState(CompressorState):
     NAME = "signsgd"
-    COLLECTIVE = "allgather"
-    ROUNDS = 1
-    HYPERPARAMS = ("error_feedback",)
+    HYPERPARAMS = catalog.options_of(NAME)  # user hyper-parameters, collective and rounds: runners/catalog.py
     BUFFERS = ("error",)
-    __slots__ = ("error_feedback", "error", "segments")
+    __slots__ = (*HYPERPARAMS, "error", "segments")
 
     def __init__(self, process_group=None, error_feedback: bool = False) -> None:
         super().__init__(process_group)

@@ -9,17 +9,16 @@ Communication: one all-reduce per bucket. Payload per step: 4 d bytes (d = gradi
 
 from __future__ import annotations
 
+from runners import catalog
 from runners.compressors.base import CompressorState, allreduce_mean_async, check_bool
 
 
 class SyncSGDState(CompressorState):
     NAME = "syncsgd"
-    COLLECTIVE = "allreduce"
-    ROUNDS = 1
     LOSSLESS = True
     TOLERANCE = 1e-6  # divide-then-sum vs sum-then-divide rounding
-    HYPERPARAMS = ("builtin",)
-    __slots__ = ("builtin", "dense_bytes")
+    HYPERPARAMS = catalog.options_of(NAME)  # user hyper-parameters, collective and rounds: runners/catalog.py
+    __slots__ = (*HYPERPARAMS, "dense_bytes")
 
     def __init__(self, process_group=None, builtin: bool = True) -> None:
         super().__init__(process_group)

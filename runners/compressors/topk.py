@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import torch
 
+from runners import catalog
 from runners.compressors._sparse import SparseState, sparse_hook
 from runners.compressors.base import check_bool, check_ratio
 
 
 class TopKState(SparseState):
     NAME = "topk"
-    HYPERPARAMS = ("ratio", "error_feedback")
-    __slots__ = ("ratio", "error_feedback", "error")
+    HYPERPARAMS = catalog.options_of(NAME)  # user hyper-parameters, collective and rounds: runners/catalog.py
+    __slots__ = (*HYPERPARAMS, "error")
 
     def __init__(self, process_group=None, ratio: float = 0.01, error_feedback: bool = True) -> None:
         super().__init__(process_group)
