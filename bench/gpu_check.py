@@ -398,14 +398,14 @@ def calibrate_at(cluster, rate: int | None, profiles: Path, backend: str, sizes:
                  timeout_s: float) -> str:  # fmt: skip
     """`testbed calibrate` at one trial rate (None: unshaped), the trials' backend and placement; one line."""
     from shaping.plan import LinkShape
-    from shaping.units import format_rate
+    from shaping.units import rate_or_unshaped
     from testbed.calibrate import run_calibration
     from testbed.model_cli import calibration_summary, parse_sizes
 
     c, _ = run_calibration(cluster, profiles, shape=LinkShape(rate) if rate else None, unshaped=rate is None,
                            world_size=2, backend=backend, sizes_bytes=parse_sizes(sizes), reps=reps,
                            timeout_s=timeout_s)  # fmt: skip
-    return f"- calibration at {format_rate(rate) if rate else 'unshaped'} ({c.backend}): {calibration_summary(c)}"
+    return f"- calibration at {rate_or_unshaped(rate)} ({c.backend}): {calibration_summary(c)}"
 
 
 def model_check(args, results: Path, profiles: Path, device: str, ranks_per_device: int, threads: int) -> str:

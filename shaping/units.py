@@ -129,6 +129,20 @@ def format_rate(bps: float, digits: int = 4) -> str:
     return f"{bps:.{digits}g}bit"
 
 
+UNSHAPED = "none"  # the one spelling of an unshaped link (`--bw none`); "unshaped" is read as the same
+UNSHAPED_WORDS = (UNSHAPED, "unshaped")
+
+
+def is_unshaped(text: object) -> bool:
+    """Whether a `--bw` value (or a sweep's rate) says "no shaping": none or unshaped, any case."""
+    return text is not None and str(text).strip().lower() in UNSHAPED_WORDS
+
+
+def rate_or_unshaped(bps: float | None, digits: int = 4) -> str:
+    """A link's rate as tables and file names say it: `format_rate`, or "unshaped" for no rate (None or 0)."""
+    return format_rate(bps, digits) if bps else "unshaped"
+
+
 def format_size(size_bytes: float) -> str:
     """Human form of a byte count (decimal units, as `parse_size_bytes` reads them back)."""
     for unit, scale in (("gb", 10**9), ("mb", 10**6), ("kb", 10**3)):

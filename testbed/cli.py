@@ -16,7 +16,7 @@ import sys
 from rich.table import Table
 
 from shaping.plan import LinkShape, render_clear, render_tc
-from shaping.units import format_rate, format_size
+from shaping.units import format_rate, format_size, rate_or_unshaped
 from testbed import model_cli, plugin_cli, run_cli
 from testbed.cli_common import (
     ArgumentParser,
@@ -440,7 +440,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                 r.src,
                 r.dst,
                 str(r.streams),
-                format_rate(r.requested_bps) if r.requested_bps else "unshaped",
+                rate_or_unshaped(r.requested_bps),
                 format_rate(r.ideal_goodput_bps) if r.ideal_goodput_bps else "-",
                 format_rate(r.achieved_bps),
                 f"{r.ratio:.3f}" if r.ratio else "-",

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from shaping.plan import LinkShape, shape_from_flags
+from shaping.units import is_unshaped
 from testbed.cluster import registry
 from testbed.errors import InputError
 
@@ -54,8 +55,7 @@ def add_shape_flags(p: argparse.ArgumentParser, bw_required: bool = False) -> No
 
 def bw_is_unshaped(args: argparse.Namespace) -> bool:
     """--bw none (or unshaped): the flags ask for every link unshaped, not for the current shaping."""
-    bw = getattr(args, "bw", None)
-    return bw is not None and str(bw).strip().lower() in ("none", "unshaped")
+    return is_unshaped(getattr(args, "bw", None))
 
 
 def shape_from_args(args: argparse.Namespace) -> LinkShape | None:

@@ -18,7 +18,14 @@ from typing import Any
 from runners import catalog
 from runners.contract import TRAINING_DEFAULTS
 from shaping.plan import LinkShape
-from shaping.units import format_rate, parse_rate_bps, parse_size_bytes, parse_time_s
+from shaping.units import (
+    UNSHAPED,
+    is_unshaped,
+    parse_rate_bps,
+    parse_size_bytes,
+    parse_time_s,
+    rate_or_unshaped,
+)
 from testbed.errors import InputError
 
 MODELS = catalog.MODEL_NAMES
@@ -193,7 +200,7 @@ class Trial:
         return dataclasses.replace(self, compressor=compressor, options=(), plugin_path=None)
 
     def label(self) -> str:
-        rate = format_rate(self.rate_bps) if self.rate_bps else "unshaped"
+        rate = rate_or_unshaped(self.rate_bps)
         opts = "".join(f" {k}={v}" for k, v in self.options)
         data = "" if self.data == catalog.DEFAULT_DATA else f" on {self.data}"
         return f"{self.compressor}{opts} @ {rate}, {self.world_size} ranks, {self.model} bs{self.batch_size}{data}"
@@ -351,15 +358,11 @@ def parse_list(text: str | list, what: str) -> list[str]:
     return items
 
 
-UNSHAPED = "none"  # the one spelling of an unshaped link (`--bw none`); "unshaped" is read as the same
-
-
 def parse_rate_or_none(text: str, what: str = "--bw") -> int | None:
     """A rate in bits/s, or None for `none`. Empty and `0` are refused: an unset variable must not mean unshaped."""
-    word = str(text).strip().lower()
-    if word in (UNSHAPED, "unshaped"):
+    if is_unshaped(text):
         return None
-    if word in ("0", "0bit"):
+    if str(text).strip().lower() in ("0", "0bit"):
         raise InputError(f"{what} {text}: 0 is not a rate; an unshaped link is spelled {UNSHAPED}")
     return parse_rate_bps(text, what)
 

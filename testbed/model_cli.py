@@ -352,12 +352,12 @@ def parse_sizes(text: str, flag: str = "--sizes") -> list[int]:
 
 
 def calibration_table(c: pm.Calibration) -> Table:
-    from shaping.units import format_rate, format_size
+    from shaping.units import format_rate, format_size, rate_or_unshaped
 
     f = c.fitted
     t = Table(
         title=f"cluster {c.cluster}: {c.backend}, {c.world_size} ranks, "
-        f"{format_rate(c.rate_bps) if c.rate_bps else 'unshaped'} (nccl-tests convention: size = all-gather output)"
+        f"{rate_or_unshaped(c.rate_bps)} (nccl-tests convention: size = all-gather output)"
     )
     for col in ("collective", "size", "time ms", "host CPU ms", "algbw", "busbw", "model ms"):
         t.add_column(col, justify="left" if col == "collective" else "right")

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from runners import catalog
 from runners.contract import TRAINING_DEFAULTS, RankArgs
-from shaping.units import format_rate, format_size
+from shaping.units import format_rate, format_size, rate_or_unshaped
 from testbed.cli_common import add_json, add_name, console, print_json
 from testbed.cluster import backends, registry
 from testbed.config import (
@@ -415,7 +415,7 @@ def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any
                       " (testbed report draws them)")  # fmt: skip
     table.add_row("payload per iteration (per rank)", format_size(row["payload_bytes_per_iter"] or 0))
     table.add_row("wire tx per iteration (per rank)", format_size(row["wire_tx_bytes_per_iter"] or 0))
-    req = format_rate(row["rate_bps"]) if row["rate_bps"] else "unshaped"
+    req = rate_or_unshaped(row["rate_bps"])
     meas = format_rate(row["measured_goodput_bps"]) if row.get("measured_goodput_bps") else "not probed"
     table.add_row("link: requested / measured goodput", f"{req} / {meas}")
     table.add_row("warm-up iterations (not measured)", str(row["warmup_iters"]))
@@ -664,7 +664,7 @@ def cmd_results(args: argparse.Namespace) -> int:
             r["status"],
             r["model"],
             str(r["world_size"]),
-            format_rate(r["rate_bps"]) if r["rate_bps"] else "unshaped",
+            rate_or_unshaped(r["rate_bps"]),
             r["compressor"] + "".join(f" {k}={v}" for k, v in opts.items()),
             f"{r['iter_time_s_mean'] * 1e3:.1f}" if ok else "-",
             f"{r['samples_per_s']:.1f}" if ok else "-",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shaping.files import atomic_write
-from shaping.units import format_rate
+from shaping.units import rate_or_unshaped
 from testbed.errors import InputError, why_not_a_file
 from testbed.perfmodel.fit import CollSample, ContentionSample, Fitted, LineFit, fit_collectives, sample
 
@@ -62,7 +62,7 @@ class Calibration:
         return min(1.0, max(1e-6, self.fitted.allgather_bandwidth_bps / self.rate_bps))
 
     def describe(self) -> str:
-        at = format_rate(self.rate_bps) if self.rate_bps else "unshaped"
+        at = rate_or_unshaped(self.rate_bps)
         name = Path(self.path).name if self.path else f"cluster {self.cluster}"
         return f"{name} ({self.backend}, {self.world_size} ranks at {at}, {self.created_at})"
 
@@ -219,7 +219,7 @@ def calibration_from_dict(d: Mapping[str, Any], source: str = "calibration") -> 
 
 
 def calibration_filename(cluster: str, backend: str, world_size: int, rate_bps: int | None) -> str:
-    at = format_rate(rate_bps) if rate_bps else "unshaped"
+    at = rate_or_unshaped(rate_bps)
     return f"calibration-{cluster}-{backend}-p{world_size}-{at}.json"
 
 

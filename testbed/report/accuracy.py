@@ -88,7 +88,7 @@ def compose(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.Profile
             rows.append({"model": model, "batch_size": int(bs), "world_size": int(ws), "data": data,
                          "compressor": variant, "target_accuracy": float(target), "seeds": len(per_seed),
                          "seeds_reached": len(reached), "steps_to_target": steps, "rate_bps": rate,
-                         "bandwidth": fmt_rate(rate) if rate else "unshaped", "iter_time_s": it, "source": source,
+                         "bandwidth": fmt_rate(rate), "iter_time_s": it, "source": source,
                          "tta_s": steps * it if steps is not None else math.inf})  # fmt: skip
     tta = pd.DataFrame(rows, columns=TTA_COLUMNS[:-2])
     if tta.empty:
@@ -205,7 +205,7 @@ def plot_accuracy_vs_time(conv: pd.DataFrame, tta: pd.DataFrame, key: tuple, rat
         return None
     target = g["target_accuracy"].iloc[0]
     ax.axhline(target, color="grey", linestyle=":", label=f"target {target:g}")
-    ax.set_xlabel(f"training time at {fmt_rate(rate_bps) if rate_bps else 'unshaped'} (s)")
+    ax.set_xlabel(f"training time at {fmt_rate(rate_bps)} (s)")
     ax.set_ylabel("test accuracy")
     ax.set_title(f"{model} bs{bs}, {ws} workers, {data}: accuracy vs wall-clock")
     ax.legend(fontsize=8)
@@ -264,7 +264,7 @@ def report_section(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.
         p = plot_accuracy_vs_time(conv, tta, key, rate, out / f"accuracy_vs_time_{stem}.png")
         if p is not None:
             figures.append((f"{key[0]} bs{int(key[1])}, {int(key[2])} workers, {key[3]}: test accuracy vs training "
-                            f"time at {fmt_rate(rate) if rate else 'unshaped'}", p))  # fmt: skip
+                            f"time at {fmt_rate(rate)}", p))  # fmt: skip
     return {"headline": head, "notes": notes, "figures": figures,
             "markdown": markdown_section(tta, cx, final, errors, head),
             "tables": {"time_to_accuracy": tta, "tta_crossovers": cx, "final_accuracy": final,

@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from shaping.units import format_rate
+from shaping.units import rate_or_unshaped
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 
 SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # 2 and 3 only added columns (2: placement, overlap, peer skew, GPU versions; 3: learning)
+READABLE_VERSIONS = (1, 2, 3, 4)  # 2, 3 and 4 only added columns (2: placement, overlap, peer skew, GPU versions; 3: learning)
 REQUIRED_COLUMNS = (
     "schema_version",
     "trial_id",
@@ -46,9 +46,8 @@ def baseline_description(baseline: str) -> str:
 
 
 def fmt_rate(bps: float) -> str:
-    if not bps or (isinstance(bps, float) and math.isnan(bps)):
-        return "unshaped"
-    return format_rate(bps)
+    """shaping.units.rate_or_unshaped, a missing rate (NaN in a data frame) unshaped too."""
+    return rate_or_unshaped(None if isinstance(bps, float) and math.isnan(bps) else bps)
 
 
 def _variant(compressor: str, options) -> str:

@@ -43,3 +43,11 @@ def test_compressor_names_and_baselines_come_from_the_catalogue():
     assert list(pm.SYNTHETIC_CODECS) == catalog.names()
     for name, (collective, rounds, *_costs) in pm.SYNTHETIC_CODECS.items():
         assert (collective, rounds) == (catalog.COMPRESSORS[name].collective, catalog.COMPRESSORS[name].rounds)
+
+
+def test_unshaped_is_said_and_read_in_one_place():
+    from shaping.units import is_unshaped, rate_or_unshaped
+
+    assert is_unshaped("none") and is_unshaped(" Unshaped ") and not is_unshaped("0") and not is_unshaped(None)
+    assert rate_or_unshaped(None) == rate_or_unshaped(0) == "unshaped"
+    assert rate_or_unshaped(1e9) == "1gbit" and rate_or_unshaped(1.234e9, 3) == "1.23gbit"
