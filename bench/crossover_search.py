@@ -1,0 +1,139 @@
+"""`testbed crossover` against a grid: for each compressor and world size, the trials and wall time of the search
+and of a 7-rate grid over the same range, and whether the grid's crossover lies in the search's bracket (issue 34).
+Then one trial's wall time split (docs/results-format.md, wall_*_s) with DDP's model broadcast and without it
+(every rank built the same parameters, checked by checksum): the per-trial speed-up.
+
+    python bench/crossover_search.py          # resnet18 64x64 bs32, powersgd/acpsgd/signsgd, 2 and 4 hosts, 10% (hours)
+    python bench/crossover_search.py --model mlp --batch-size 8 --compressors acpsgd --world-sizes 2 \\
+        --bw-range 2mbit..128mbit --precision 100% --iters 4 --split-bw 10mbit       # smoke run (minutes)
+
+The search and the grid use separate results directories (the search reuses nothing of the grid). Prints Markdown
+tables (paste into docs/benchmarks.md). Needs root; uses its own cluster name and removes it. Measure on a quiet
+machine: 2 shared cores make every figure depend on what else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+NAME = "benchcx"
+OPTIONS = {"powersgd": ["--rank", "4"], "acpsgd": ["--rank", "4"]}
+SPLIT = ("wall_shape_s", "wall_probe_s", "wall_rank_start_s", "wall_model_sync_s", "wall_warmup_s", "wall_measured_s")
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "testbed.cli", *args], cwd=REPO, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise SystemExit(f"testbed {' '.join(args[:3])}: {done.stderr.strip()[-800:]}")
+    return done
+
+
+def log_rates(text: str, n: int) -> list[str]:
+    from shaping.units import format_rate
+    from testbed.crossover_cli import parse_range
+
+    lo, hi = parse_range(text)
+    return [format_rate(lo * (hi / lo) ** (i / (n - 1)), 3) for i in range(n)]
+
+
+def grid_crossover(out: Path, compressor: str, ws: int, against: str) -> tuple[str, float | None]:
+    from testbed.report.analysis import measured_crossover
+    from testbed.results import load_results
+
+    df = load_results(out)
+    df = df[(df["status"] == "ok") & (df["world_size"] == ws)]
+    t = {(r.compressor, r.rate_bps): r.iter_time_s_p50 for r in df.itertuples()}
+    rates = sorted(r for c, r in t if c == compressor and (against, r) in t)
+    return measured_crossover(rates, [t[(against, r)] / t[(compressor, r)] for r in rates])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--batch-size", default="32")
+    ap.add_argument("--image-size", default="64")
+    ap.add_argument("--compressors", default="powersgd,acpsgd,signsgd")
+    ap.add_argument("--against", default="syncsgd")
+    ap.add_argument("--world-sizes", default="2,4")
+    ap.add_argument("--bw-range", default="50mbit..5gbit", help="locally meaningful: about 10 Mbit to 5 Gbit")
+    ap.add_argument("--grid-rates", type=int, default=7)
+    ap.add_argument("--precision", default="10%")
+    ap.add_argument("--iters", default="10")
+    ap.add_argument("--warmup-iters", default="5")
+    ap.add_argument("--split-bw", default="10mbit", help="the rate of the per-trial split (before/after)")
+    ap.add_argument("--out", help="keep the results here (default: a temporary directory)")
+    a = ap.parse_args()
+    root = Path(a.out or tempfile.mkdtemp(prefix="bench-crossover-"))
+    trial = ["--model", a.model, "--batch-size", a.batch_size, "--image-size", a.image_size, "--iters", a.iters,
+             "--warmup-iters", a.warmup_iters, "--no-probe"]  # fmt: skip
+    sizes = [int(w) for w in a.world_sizes.split(",")]
+    cli("up", "--name", NAME, "--hosts", str(max(sizes)))
+    lines = ["| compressor | hosts | search: answer | bracket | trials | wall | grid (7 rates): crossover | trials | "
+             "wall | grid's crossover in the bracket |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    try:
+        for ws in sizes:
+            for comp in a.compressors.split(","):
+                opts = OPTIONS.get(comp, [])
+                grid_out = root / f"grid-{comp}-{ws}" / "results"
+                t0 = time.monotonic()
+                cli("sweep", "--name", NAME, "--bw", ",".join(log_rates(a.bw_range, a.grid_rates)), "--compressor",
+                    f"{a.against},{comp}", "--world-size", str(ws), "--out", str(grid_out), *trial, *opts)  # fmt: skip
+                grid_wall = time.monotonic() - t0
+                kind, g_bps = grid_crossover(grid_out, comp, ws, a.against)
+                search_out = root / f"search-{comp}-{ws}" / "results"
+                search_out.parent.mkdir(parents=True, exist_ok=True)
+                t0 = time.monotonic()
+                done = cli("crossover", "--name", NAME, "--compressor", comp, "--against", a.against, "--world-size",
+                           str(ws), "--bw-range", a.bw_range, "--precision", a.precision, "--out", str(search_out),
+                           "--json", *trial, *opts)  # fmt: skip
+                wall = time.monotonic() - t0
+                (s,) = json.loads(done.stdout)["searches"]
+                lo, hi = s["bracket_bps"]
+                inside = "-" if g_bps is None else ("yes" if lo <= g_bps <= hi else "no")
+                if kind in ("always", "never"):
+                    inside = "yes" if kind == s["kind"] else "no"
+                from shaping.units import format_rate
+
+                g_text = format_rate(g_bps, 3) if g_bps else kind
+                lines.append(f"| {comp} | {ws} | {s['kind']} | {format_rate(lo, 3)}..{format_rate(hi, 3)} | "
+                             f"{s['trials']} | {wall:.0f} s | {g_text} | {2 * a.grid_rates} | {grid_wall:.0f} s | "
+                             f"{inside} |")  # fmt: skip
+                print(lines[-1], flush=True)
+        split = split_rows(root, trial, a.split_bw)
+    finally:
+        cli("down", "--name", NAME, check=False)
+    print("\n".join(lines))
+    print()
+    print(split)
+    print(f"\nresults: {root}")
+    return 0
+
+
+def split_rows(root: Path, trial: list[str], bw: str) -> str:
+    """One sync SGD trial at `bw` with DDP's broadcast (before) and with the checksum instead (after)."""
+    from testbed.results import load_results
+
+    rows = {}
+    for mode, env in (("before (broadcast)", ["--env", "TESTBED_DDP_INIT_SYNC=broadcast"]), ("after (checksum)", [])):
+        out = root / f"split-{mode.split()[0]}"
+        cli("run", "--name", NAME, "--bw", bw, "--compressor", "syncsgd", "--out", str(out), *trial, *env)
+        (rows[mode],) = load_results(out).to_dict("records")
+    head = "| trial | " + " | ".join(c.removeprefix("wall_").removesuffix("_s") for c in SPLIT)
+    out = [head + " | teardown | wall | iter p50 |", "|---" * (len(SPLIT) + 4) + "|"]
+    for mode, r in rows.items():
+        cells = " | ".join(f"{r[c]:.1f} s" if r[c] is not None and not math.isnan(r[c]) else "-" for c in SPLIT)
+        out.append(f"| {mode} at {bw} | {cells} | {r['wall_teardown_s']:.1f} s | {r['wall_s']:.1f} s | "
+                   f"{r['iter_time_s_p50'] * 1e3:.0f} ms |")  # fmt: skip
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

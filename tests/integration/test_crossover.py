@@ -1,0 +1,138 @@
+"""`testbed crossover` on a real 2-host local cluster with real gloo ranks (root).
+
+The mlp of the catalogue at batch 8 crosses over inside 2-128 Mbit/s at 2 hosts (sync SGD's 76 KB of gradient
+against ACP-SGD's few KB: about 25 ms against 10 ms at 20 Mbit/s, 8 ms against 11 ms at 100 Mbit/s), so a search and
+a small grid fit in a few minutes on 2 cores. Answers are compared, never timed: a loaded machine moves the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from conftest import one_line
+
+pytestmark = pytest.mark.root
+
+FAST = ["--model", "mlp", "--batch-size", "8", "--iters", "8", "--warmup-iters", "2", "--no-probe"]
+RANGE = "2mbit..128mbit"
+GRID = "2mbit,8mbit,32mbit,128mbit"
+
+
+def _search(testbed_cli, name: str, out: Path, *flags: str, timeout_s: float = 400) -> dict:
+    done = testbed_cli("crossover", "--name", name, "--out", str(out), "--json", *FAST, *flags, timeout_s=timeout_s)
+    assert done.returncode == 0, f"{done.stdout[-1500:]} {done.stderr[-1500:]}"
+    return json.loads(done.stdout)
+
+
+def _grid_crossover(out: Path) -> tuple[str, float | None]:
+    from testbed.report.analysis import measured_crossover
+    from testbed.results import load_results
+
+    df = load_results(out)
+    assert (df["status"] == "ok").all()
+    t = {(r.compressor, r.rate_bps): r.iter_time_s_p50 for r in df.itertuples()}
+    rates = sorted({r for _, r in t})
+    return measured_crossover(rates, [t[("syncsgd", r)] / t[("acpsgd", r)] for r in rates])
+
+
+def test_search_brackets_the_grid_crossover_in_fewer_trials_and_resumes(make_cluster, testbed_cli, tmp_path):
+    name = make_cluster(2)
+    grid_out = tmp_path / "grid"
+    done = testbed_cli("sweep", "--name", name, "--bw", GRID, "--compressor", "syncsgd,acpsgd", "--world-size", "2",
+                       "--out", str(grid_out), *FAST, timeout_s=400)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-1500:]
+    kind, grid_bps = _grid_crossover(grid_out)
+    assert kind == "crossover", f"the grid found {kind}: the test's premise (a crossover inside {RANGE}) broke"
+
+    out = tmp_path / "search" / "results"
+    out.parent.mkdir()
+    doc = _search(testbed_cli, name, out, "--compressor", "acpsgd", "--bw-range", RANGE, "--precision", "100%",
+                  "--repeats", "2")  # fmt: skip
+    (s,) = doc["searches"]
+    assert s["done"] and s["kind"] in ("crossover", "tie"), s
+    low, high = s["bracket_bps"]
+    # the grid places its crossover between two of its rates 4x apart; the search's answer must agree with it
+    grid_rates = [2e6, 8e6, 32e6, 128e6]
+    g_lo = max(r for r in grid_rates if r <= grid_bps)
+    g_hi = min(r for r in grid_rates if r >= grid_bps)
+    assert low <= g_hi and high >= g_lo, (s, grid_bps)
+    if s["kind"] == "crossover":
+        assert high / low <= 2.0 + 1e-6 and s["wins_below"] is True
+    assert s["trials"] == s["trials_run_now"] < 8, s  # the grid: 8 trials
+    assert (tmp_path / "search" / "profiles" / "mlp-bs8-cpu.json").is_file()  # measured beside the results
+    assert s["predicted_kind"] in ("crossover", "always", "never")
+    # every trial is an ordinary row of the store; the search's state is kept beside them for the report
+    from testbed.results import load_results
+
+    assert len(load_results(out)) == s["trials"]
+    assert len(list((out / "searches").glob("*.json"))) == 1
+
+    again = _search(testbed_cli, name, out, "--compressor", "acpsgd", "--bw-range", RANGE, "--precision", "100%",
+                    "--repeats", "2")  # fmt: skip
+    (s2,) = again["searches"]
+    assert s2["trials_run_now"] == 0 and s2["bracket_bps"] == s["bracket_bps"] and s2["kind"] == s["kind"]
+    assert len(load_results(out)) == s["trials"]
+
+
+def test_wins_at_the_top_and_loses_at_the_bottom(make_cluster, testbed_cli, tmp_path):
+    """ACP-SGD against sync SGD wins at 8 Mbit/s (always, in 2-8 Mbit/s); sync SGD against ACP-SGD loses at 2
+    Mbit/s (never). The model aims each at the decisive end, so each takes one rate: two trials."""
+    name = make_cluster(2)
+    out = tmp_path / "results"
+    always = _search(testbed_cli, name, out, "--compressor", "acpsgd", "--bw-range", "2mbit..8mbit")["searches"][0]
+    assert always["kind"] == "always", always
+    assert "pays at every rate" in always["verdict"]
+    never = _search(testbed_cli, name, out, "--compressor", "syncsgd", "--against", "acpsgd", "--bw-range",
+                    "2mbit..8mbit", "--no-measure")["searches"][0]  # fmt: skip
+    assert never["kind"] == "never", never
+    assert "never pays" in never["verdict"]
+    assert math.isfinite(always["trials"] + never["trials"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--compressor", "acpsgd", "--precision", "0"], "--precision"),
+        (["--compressor", "acpsgd", "--bw-range", ".."], "--bw-range"),
+        (["--compressor", "acpsgd", "--bw-range", "1gbit..10mbit"], "--bw-range"),
+        (["--compressor", "acpsgd", "--bw-range", "10mbit..10mbit"], "--bw-range"),
+        (["--compressor", "acpsgd,syncsgd"], "is the baseline"),
+        (["--compressor", "acpsgd", "--no-measure", "--model", "cnn"], "--no-measure: no profile of cnn"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(testbed_cli, tmp_path, flags, words):
+    out = tmp_path / "results"
+    done = testbed_cli("crossover", "--name", "tnone", "--out", str(out), "--profiles", str(tmp_path / "p"), *flags)
+    assert done.returncode == 2, done.stderr
+    assert words in one_line(done.stderr)
+    assert not out.exists() and not (tmp_path / "p").exists()
+
+
+def test_a_trial_records_where_its_time_goes_and_skips_the_model_broadcast(make_cluster, testbed_cli, tmp_path):
+    """Every row splits its wall time (controller: shape, probe, ranks, teardown; rank 0 inside the ranks' time:
+    start, model sync, warm-up, measured steps). Ranks that built the same model skip DDP's broadcast (checksum);
+    forcing the broadcast measures the same thing: the iteration times of both stay within each other's noise."""
+    from testbed.results import load_results
+
+    name = make_cluster(2)
+    rows = {}
+    for mode, env in (("checksum", []), ("broadcast", ["--env", "TESTBED_DDP_INIT_SYNC=broadcast"])):
+        out = tmp_path / mode
+        done = testbed_cli("run", "--name", name, "--bw", "20mbit", "--compressor", "syncsgd", "--out", str(out),
+                           *FAST, *env, timeout_s=180)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-1500:]
+        (rows[mode],) = load_results(out).to_dict("records")
+    for mode, r in rows.items():
+        assert r["model_sync"] == mode and r["schema_version"] == 4
+        parts = ("wall_shape_s", "wall_probe_s", "wall_ranks_s", "wall_teardown_s")
+        assert all(r[p] >= 0 for p in parts)
+        assert sum(r[p] for p in parts) == pytest.approx(r["wall_s"], rel=1e-6)
+        inside = ("wall_rank_start_s", "wall_model_sync_s", "wall_warmup_s", "wall_measured_s")
+        assert all(r[p] > 0 for p in inside)
+        assert sum(r[p] for p in inside) < r["wall_ranks_s"]  # rank 0's life lies inside the ranks' time
+    a, b = rows["checksum"], rows["broadcast"]
+    # same measurement: neither median outside the other's whole p5..p95 spread widened by half (a loaded machine)
+    assert a["iter_time_s_p50"] <= 1.5 * b["iter_time_s_p95"] and b["iter_time_s_p50"] <= 1.5 * a["iter_time_s_p95"]
