@@ -165,6 +165,7 @@ def run(job: Job) -> int:
     dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=args.timeout_s),
                             device_id=device if device.type == "cuda" else None)  # fmt: skip
+    WALL["group_ready"] = time.time()
     try:
         code = _train(job, device)
         job.state.close()  # powersgd's communication worker: idle (DDP waited for every bucket), stop and join it
@@ -207,8 +208,12 @@ def _train(job: Job, device) -> int:
     if source is not None:
         spec.make_batch = ShardedBatches(source, rank=rank, world_size=world, batch_size=args.batch_size,
                                          seed=args.seed, device=device)  # fmt: skip
+    WALL["model_built"] = time.time()
+    sync = model_sync_mode(spec.module, device)  # "checksum": every rank built the same parameters, no broadcast
     model = DDP(spec.module, device_ids=[device.index] if device.type == "cuda" else None,
-                bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)  # fmt: skip
+                bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True,
+                init_sync=sync == "broadcast")  # fmt: skip
+    WALL["model_synced"] = time.time()
     recorder = BucketRecorder(clock)
     serial_hook = hook
     if args.serial:
@@ -254,6 +259,8 @@ def _train(job: Job, device) -> int:
     records = []
     for step in range(total_steps):
         measured = step >= warmup
+        if step == warmup:
+            WALL["warm"] = time.time()
         if measured and args.serial and step == warmup:
             use_views = recorder.grads_are_views()
         if args.trace_iters and step in (warmup, warmup + args.trace_iters):
@@ -323,6 +330,8 @@ def _train(job: Job, device) -> int:
         records.append({k: rec[k] for k in RECORD_KEYS})
         if stop:
             break
+    WALL["loop_done"] = time.time()
+    WALL.setdefault("warm", WALL["loop_done"])
     learning.finish()
     tracer.finish()
 
@@ -350,6 +359,8 @@ def _train(job: Job, device) -> int:
     dist.all_gather_object(gathered, local)
     if rank == 0:
         summary = _summary(job, device, warmup, gathered, wire_if)
+        summary["model_sync"] = sync
+        summary["wall_split_s"] = wall_split()
         summary.update(learning.summary(args.data, [g["train_step_s"] for g in gathered]))
         atomic_write(os.path.join(args.out, "summary.json"), json.dumps(summary, indent=2) + "\n")
     p50 = percentile(local["iter_time_s"], 0.5)
@@ -360,6 +371,45 @@ def _train(job: Job, device) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+WALL: dict[str, float] = {}  # time.time() marks of this rank's life: where a trial's wall time goes (wall_split)
+WALL_SYNC_ENV = "TESTBED_DDP_INIT_SYNC"  # "broadcast": DDP's own broadcast even when the checksums agree (A/B check)
+
+
+def model_sync_mode(module, device) -> str:
+    """Say "checksum" when every rank built bit-identical parameters and buffers (a sha256 of their bytes, compared
+    through one all-gather of 8 bytes per rank): DDP's broadcast of the model from rank 0 (which crosses the shaped
+    link: resnet18's 46.8 MB take about 37 s at 10 Mbit/s) would copy what every rank has, so it is skipped
+    (DistributedDataParallel(init_sync=False)); "broadcast" otherwise, or when $TESTBED_DDP_INIT_SYNC says so."""
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    h = hashlib.sha256()
+    for t in [*module.parameters(), *module.buffers()]:
+        h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    mine = torch.tensor([int.from_bytes(h.digest()[:8], "little", signed=True)], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    same = all(bool((e == mine).all()) for e in every)
+    return "checksum" if same and os.environ.get(WALL_SYNC_ENV) != "broadcast" else "broadcast"
+
+
+def wall_split() -> dict[str, float]:
+    """Rank 0's life in seconds: start (process created to process group ready and model built: the interpreter,
+    torch, the rendezvous), model sync (DDP's construction: the broadcast, or the checksum), warm-up, the measured
+    steps. Columns wall_rank_start_s, wall_model_sync_s, wall_warmup_s, wall_measured_s (docs/results-format.md)."""
+    import psutil
+
+    created = psutil.Process().create_time()
+    return {
+        "wall_rank_start_s": WALL["model_built"] - created,
+        "wall_model_sync_s": WALL["model_synced"] - WALL["model_built"],
+        "wall_warmup_s": WALL["warm"] - WALL["model_synced"],
+        "wall_measured_s": WALL["loop_done"] - WALL["warm"],
+    }
 
 
 def _mean(values):

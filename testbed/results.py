@@ -31,7 +31,8 @@ import pyarrow.parquet as pq
 
 from testbed.errors import InputError
 
-SCHEMA_VERSION = 3  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions; 3: learning
+SCHEMA_VERSION = 4  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions; 3: learning;
+# 4: where a trial's wall time goes (wall_*_s) and how DDP's model sync ran (model_sync)
 
 # name -> pyarrow type; the order is the column order of the store
 COLUMNS: dict[str, pa.DataType] = {
@@ -42,6 +43,16 @@ COLUMNS: dict[str, pa.DataType] = {
     "error": pa.string(),
     "started_at": pa.string(),  # ISO 8601, UTC
     "wall_s": pa.float64(),
+    # where wall_s goes (schema 4; null in older rows): the controller's steps, then rank 0's life inside wall_ranks_s
+    "wall_shape_s": pa.float64(),  # shaping the links (from the trial's start)
+    "wall_probe_s": pa.float64(),  # the iperf3 check (0 with --no-probe)
+    "wall_ranks_s": pa.float64(),  # the ranks' start to their exit
+    "wall_teardown_s": pa.float64(),  # fetching records, ending the ranks, restoring the shaping
+    "wall_rank_start_s": pa.float64(),  # rank 0: process created to model built (interpreter, torch, rendezvous)
+    "wall_model_sync_s": pa.float64(),  # rank 0: DDP's construction (the model broadcast, or the checksum)
+    "wall_warmup_s": pa.float64(),  # rank 0: the warm-up steps
+    "wall_measured_s": pa.float64(),  # rank 0: the measured steps
+    "model_sync": pa.string(),  # checksum (every rank built the same model: no broadcast) | broadcast
     "backend": pa.string(),  # local | lab
     "cluster_name": pa.string(),
     "host_count": pa.int32(),  # hosts the trial ran on
