@@ -17,7 +17,7 @@ from rich.table import Table
 
 from shaping.plan import LinkShape, render_clear, render_tc
 from shaping.units import format_rate, format_size, rate_or_unshaped
-from testbed import model_cli, plugin_cli, run_cli
+from testbed import crossover_cli, model_cli, plugin_cli, run_cli
 from testbed.cli_common import (
     ArgumentParser,
     add_json,
@@ -529,6 +529,7 @@ def build_parser() -> ArgumentParser:
     run_cli.add_commands(sub)  # run, sweep, results
     model_cli.add_commands(sub)  # profile, predict, report
     plugin_cli.add_commands(sub)  # compressors, check-compressor
+    crossover_cli.add_commands(sub)  # crossover
     return parser
 
 
