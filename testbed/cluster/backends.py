@@ -28,7 +28,7 @@ def open_cluster(name: str) -> Cluster:
 
         return SlurmCluster.from_record(record)
     if record.get("backend") == "lab":
-        from testbed.cluster.lab import LabCluster
+        from testbed.cluster.lab.cluster import LabCluster
 
         return LabCluster.from_record(record)
     from testbed.cluster.local import LocalCluster

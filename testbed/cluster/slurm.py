@@ -38,7 +38,8 @@ from typing import Any
 from shaping.plan import LinkShape
 from testbed.cluster import registry
 from testbed.cluster.base import Host, RankProcess
-from testbed.cluster.lab import DEFAULT_RUN_DIR, LabCluster, LabHostSpec, load_inventory
+from testbed.cluster.lab.cluster import LabCluster
+from testbed.cluster.lab.inventory import DEFAULT_RUN_DIR, LabHostSpec, load_inventory
 from testbed.cluster.ssh import SSHTarget, command_line
 from testbed.errors import ClusterError, InputError, LaunchError, TestbedError
 

@@ -39,7 +39,7 @@ def lab(tmp_path_factory):
 
 @pytest.fixture
 def cluster(lab):
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     c = LabCluster.from_inventory(lab.write_inventory())
     try:
@@ -157,7 +157,7 @@ def test_lab_check_status_and_shaping_roundtrip(lab, cluster):
 
 
 def test_check_fails_clearly(lab):
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     with pytest.raises(InputError, match=r"host h0: data0 links at 10gbit, slower than the requested 20gbit"):
         LabCluster.from_inventory(lab.write_inventory("i1.yml")).check(rate_bps=20_000_000_000)
@@ -171,7 +171,7 @@ def test_check_fails_clearly(lab):
 
 
 def test_wrong_key_and_unknown_host_key_refused(lab):
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     other = lab.tmp / "id_other"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
@@ -201,7 +201,7 @@ def test_wrong_key_and_unknown_host_key_refused(lab):
 
 
 def test_shell_metacharacters_in_inventory_are_literal(lab, tmp_path):
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     marker = tmp_path / "pwned"
     evil_iface = f"data0;touch {marker}"
@@ -332,7 +332,7 @@ def _group_members(lab, pgid: int) -> list[int]:
 
 
 def test_down_kills_groups_started_by_another_controller(lab, tmp_path):
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     inv = lab.write_inventory("down.yml")
     first = LabCluster.from_inventory(inv)
@@ -347,7 +347,7 @@ def test_down_kills_groups_started_by_another_controller(lab, tmp_path):
 @pytest.mark.skipif(not (REPO / "runners" / "train.py").exists(), reason="runners/train.py not present")
 def test_short_training_through_lab_backend(lab, cluster, tmp_path):
     """Two ranks on two lab hosts, gloo over the data NICs, `python -m runners.train --model mlp`."""
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     c = LabCluster.from_inventory(lab.write_inventory("train.yml"))
     hosts = c.hosts()[:2]
@@ -474,7 +474,7 @@ def test_cli_up_status_down_with_inventory(lab, tmp_path):
 
 def test_failed_host_rolls_back_the_others(lab):
     """h0 and h1 get shaped, h2 fails (no such NIC): h0 and h1 are restored to what they had, at once."""
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     inv = lab.inventory()
     inv["all"]["children"]["testbed"]["hosts"]["h2"]["testbed_data_iface"] = "nope0"

@@ -17,7 +17,7 @@ import pytest
 from labhosts import PYTHON, REPO, pids_in_netns, wait_for
 from slurmhosts import SlurmLab, create_slurm_lab, missing_binaries, new_name
 
-from testbed.cluster.lab import DEFAULT_RUN_DIR
+from testbed.cluster.lab.inventory import DEFAULT_RUN_DIR
 
 ANSIBLE_PLAYBOOK = Path(PYTHON).parent / "ansible-playbook"
 

@@ -58,7 +58,7 @@ def shared_tmp():
 
 
 def _cluster(lab, name: str, **group_vars):
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     return LabCluster.from_inventory(lab.write_inventory(f"{name}.yml", **group_vars), name=name)
 
@@ -168,7 +168,7 @@ ANSIBLE_PLAYBOOK = Path(PYTHON).parent / "ansible-playbook"
 def test_the_provision_archive_is_private_per_run_and_holds_only_the_package(lab, tmp_path, monkeypatch):
     """A real provision run until pip (which cannot reach a torch index here and fails): the role packs what the
     controller staged, in a private directory of the run, and unpacks only the package files on the host."""
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
     from testbed.errors import ClusterError
 
     project = tmp_path / "project"
@@ -211,7 +211,7 @@ def test_the_provision_archive_is_private_per_run_and_holds_only_the_package(lab
 
 @pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="needs ansible-playbook in the venv (ansible-core)")
 def test_accept_new_host_keys_refuses_a_changed_key_in_ansible(lab, tmp_path, monkeypatch):
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
     from testbed.errors import ClusterError
 
     other = tmp_path / "id_other"

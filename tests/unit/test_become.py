@@ -10,7 +10,8 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from testbed.cluster.lab import LabCluster, command_for
+from testbed.cluster.lab.cluster import LabCluster
+from testbed.cluster.lab.remote import command_for
 
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = """
@@ -47,7 +48,7 @@ def test_become_helper_path_from_the_inventory(tmp_path):
 
 def test_every_shaping_command_of_apply_goes_through_sudo(tmp_path, monkeypatch):
     """apply (with its confirm over a fresh connection): each shaping command line starts with sudo -n."""
-    from testbed.cluster import lab
+    from testbed.cluster.lab import cluster as lab
 
     c = _cluster(tmp_path, ", ansible_become: true")
     seen: list[list[str]] = []

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from testbed.cluster.base import Cluster, Host
-from testbed.cluster.lab import LabCluster, LabHostSpec
+from testbed.cluster.lab.cluster import LabCluster
+from testbed.cluster.lab.inventory import LabHostSpec
 from testbed.cluster.local import LocalCluster
 from testbed.cluster.ssh import SSHTarget
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from shaping.files import atomic_path, atomic_write
-from testbed.cluster import host_facts, lab
+from testbed.cluster.lab import facts as lab
+from testbed.cluster.lab import host_facts
 
 REPO = Path(__file__).resolve().parents[2]
 

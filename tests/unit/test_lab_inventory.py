@@ -13,7 +13,9 @@ import pytest
 
 from shaping.__main__ import main as shaping_main
 from shaping.lockout import ssh_client_addresses
-from testbed.cluster.lab import LabCluster, evaluate_facts, load_inventory
+from testbed.cluster.lab.cluster import LabCluster
+from testbed.cluster.lab.facts import evaluate_facts
+from testbed.cluster.lab.inventory import load_inventory
 from testbed.errors import ClusterError, InputError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -214,7 +216,7 @@ def test_roles_document_prefixed_variables():
 
 
 def test_hosts_whose_versions_disagree_are_named():
-    from testbed.cluster.lab import version_disagreements
+    from testbed.cluster.lab.facts import version_disagreements
 
     same = {"torch": "2.14.1", "cuda": "13.0", "nccl": "2.27.3", "driver_version": "580.65"}
     assert version_disagreements({"gpu01": same, "gpu02": dict(same)}) == []
@@ -228,7 +230,7 @@ def test_hosts_whose_versions_disagree_are_named():
 
 
 def test_lab_hosts_carry_their_inventory_gpus_unless_cpu_is_allowed(tmp_path):
-    from testbed.cluster.lab import LabCluster
+    from testbed.cluster.lab.cluster import LabCluster
 
     inv = tmp_path / "inv.yml"
     inv.write_text(

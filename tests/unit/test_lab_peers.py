@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster.lab import LabCluster
+from testbed.cluster.lab.cluster import LabCluster
 from testbed.errors import InputError
 
 INVENTORY = """

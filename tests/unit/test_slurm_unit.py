@@ -12,7 +12,7 @@ import pytest
 from testbed import cli
 from testbed.cluster import slurm
 from testbed.cluster.base import Cluster
-from testbed.cluster.lab import LabHostSpec
+from testbed.cluster.lab.inventory import LabHostSpec
 from testbed.cluster.slurm import NOT_IN_ALLOCATION, SlurmCluster, SrunConnection, _clean_stderr
 from testbed.cluster.ssh import SSHTarget
 from testbed.errors import InputError

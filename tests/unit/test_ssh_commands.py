@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from testbed.cluster.lab import kill_group_script, poll_status_line
+from testbed.cluster.lab.remote import kill_group_script, poll_status_line
 from testbed.cluster.ssh import command_line, detached_command_line, env_file_text, private_dir_line
 from testbed.errors import InputError, LaunchError
 
