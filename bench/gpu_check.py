@@ -400,7 +400,8 @@ def calibrate_at(cluster, rate: int | None, profiles: Path, backend: str, sizes:
     from shaping.plan import LinkShape
     from shaping.units import rate_or_unshaped
     from testbed.calibrate import run_calibration
-    from testbed.model_cli import calibration_summary, parse_sizes
+    from testbed.model_cli import parse_sizes
+    from testbed.model_views import calibration_summary
 
     c, _ = run_calibration(cluster, profiles, shape=LinkShape(rate) if rate else None, unshaped=rate is None,
                            world_size=2, backend=backend, sizes_bytes=parse_sizes(sizes), reps=reps,

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from testbed import modelling
+from testbed import model_views, modelling
 from testbed import perfmodel as pm
 from testbed.errors import InputError, why_not_a_file
 
@@ -273,31 +272,6 @@ def add_commands(subparsers: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- profile
-def profile_table(profile: pm.Profile) -> Table:
-    t = Table(
-        title=f"{profile.model} bs{profile.batch_size} on {profile.device}: forward "
-        f"{profile.forward_s * 1e3:.1f} ms, backward {profile.backward_s * 1e3:.1f} ms, optimizer "
-        f"{profile.optimizer_s * 1e3:.1f} ms (iteration-to-iteration spread {profile.compute_jitter_s * 1e3:.1f} ms), "
-        f"{len(profile.buckets)} bucket(s), "
-        f"{profile.grad_bytes / 1e6:.1f} MB of gradients"
-        + (f", {profile.colocated_ranks} ranks computing at once" if profile.colocated_ranks > 1 else "")
-    )
-    for col in ("compressor", "collective", "rounds", "payload MB", "ratio", "encode ms", "decode ms"):
-        t.add_column(col, justify="left" if col in ("compressor", "collective") else "right")
-    for name in profile.compressor_names():
-        c = profile.compressor(name)
-        t.add_row(
-            name,
-            c.collective,
-            str(c.rounds),
-            f"{c.payload_bytes / 1e6:.3f}",
-            f"{profile.grad_bytes / c.payload_bytes:.1f}x" if c.payload_bytes else "-",
-            f"{c.encode_s * 1e3:.2f}",
-            f"{c.decode_s * 1e3:.2f}",
-        )
-    return t
-
-
 def cmd_profile(args: argparse.Namespace) -> int:
     from runners import catalog
     from testbed.outputs import check_output_dir
@@ -335,7 +309,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps({"path": str(path), **pm.profile_to_dict(profile)}, indent=2) + "\n")
         return 0
     console = _console()
-    console.print(profile_table(profile))
+    console.print(model_views.profile_table(profile))
     console.print(f"stored: {path}")
     return 0
 
@@ -349,47 +323,6 @@ def parse_sizes(text: str, flag: str = "--sizes") -> list[int]:
     if not parts:
         raise InputError(f"{flag} {text!r}: expected comma-separated sizes, e.g. 16kb,1mb,16mb")
     return sorted({parse_size_bytes(p, flag) for p in parts})
-
-
-def calibration_table(c: pm.Calibration) -> Table:
-    from shaping.units import format_rate, format_size, rate_or_unshaped
-
-    f = c.fitted
-    t = Table(
-        title=f"cluster {c.cluster}: {c.backend}, {c.world_size} ranks, "
-        f"{rate_or_unshaped(c.rate_bps)} (nccl-tests convention: size = all-gather output)"
-    )
-    for col in ("collective", "size", "time ms", "host CPU ms", "algbw", "busbw", "model ms"):
-        t.add_column(col, justify="left" if col == "collective" else "right")
-    fits = {"allreduce": f.allreduce_fit, "allgather": f.allgather_fit}
-    for s in sorted(c.samples, key=lambda s: (s.collective != "allreduce", s.n_bytes)):
-        fit = fits[s.collective]
-        t.add_row(s.collective, format_size(s.n_bytes), f"{s.wall_s * 1e3:.3f}", f"{s.cpu_s * 1e3:.3f}",
-                  format_rate(s.algbw_bps), format_rate(s.busbw_bps),
-                  f"{(fit.intercept + fit.slope * s.n_bytes) * 1e3:.3f}")  # fmt: skip
-    return t
-
-
-def calibration_summary(c: pm.Calibration) -> str:
-    from shaping.units import format_rate
-
-    f = c.fitted
-    eff = (
-        f"efficiency {c.efficiency:.3f} of {format_rate(c.rate_bps)}"
-        if c.efficiency is not None
-        else ("efficiency not fitted (unshaped: no rate to compare with; the model takes it from a shaped calibration "
-            "of the same cluster, else 1.0 or --efficiency)")
-    )
-    local = f" (local add_ probe {c.local_reduce_s_per_byte * 1e9:.3g} ns/B)" if c.local_reduce_s_per_byte else ""
-    return (
-        f"fitted: latency alpha {f.latency_s * 1e6:.3g} us, all-reduce bandwidth {format_rate(f.bandwidth_bps)} "
-        f"(all-gather {format_rate(f.allgather_bandwidth_bps)}), {eff}; host cost {f.host_s_per_wire_byte * 1e9:.3g} "
-        f"ns per byte on the wire, {f.reduce_s_per_byte * 1e9:.3g} ns per byte reduced{local}; beside compute a "
-        f"collective takes {f.contention_latency_s * 1e6:.3g} us more per latency step and "
-        f"{f.contention_s_per_wire_byte * 1e9:.3g} ns more per byte on the wire; in lockstep the slowest rank "
-        f"finishes a step {c.skew_s * 1e3:.3g} ms after the median one; "
-        f"fit residual {f.allreduce_fit.rel_rms:.1%} (all-reduce), {f.allgather_fit.rel_rms:.1%} (all-gather)"
-    )
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -434,18 +367,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps({"path": str(path), **pm.calibration_to_dict(c)}, indent=2) + "\n")
         return 0
-    console.print(calibration_table(c))
-    console.print(calibration_summary(c))
+    console.print(model_views.calibration_table(c))
+    console.print(model_views.calibration_summary(c))
     console.print(f"stored: {path} (figure {path.with_suffix('.png')})")
     return 0
 
 
 # ---------------------------------------------------------------------------------------------- predict
-def _fmt_ms(s: float) -> str:
-    ms = s * 1e3
-    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
-
-
 def _given_latency(args: argparse.Namespace) -> float | None:
     return None if args.latency is None else _latency_s(args.latency)
 
@@ -497,68 +425,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return 0
-    from shaping.units import format_rate
-
     console = _console()
-    names = list(data["compressors"])
-    knobs = []
-    if data["compute_speedup"] != 1:
-        knobs.append(f"compute {data['compute_speedup']:g}x faster")
-    if data["codec_speedup"] != 1:
-        knobs.append(f"encode/decode {data['codec_speedup']:g}x faster")
-    title = (
-        f"{profile.model} bs{profile.batch_size} ({profile.device} profile), {data['world_size']} workers, "
-        f"{terms.describe()}" + (f", what-if: {', '.join(knobs)}" if knobs else "")
-        + (f", +{data['straggler_s'] * 1e3:.1f} ms per iteration waiting for the slowest rank"
-           if data["straggler_s"] > 0 else "")
-    )  # fmt: skip
-    console.print(title)
-    t = Table(title="predicted iteration time (ms)")
-    t.add_column("bandwidth", justify="right")
-    for n in names:
-        t.add_column(n, justify="right")
-    for i, b in enumerate(data["bandwidths_bps"]):
-        cells = []
-        for n in names:
-            c = data["compressors"][n]
-            best = min(data["compressors"][m]["iter_time_s"][i] for m in names)
-            txt = _fmt_ms(c["iter_time_s"][i])
-            cells.append(f"[bold green]{txt}[/]" if c["iter_time_s"][i] == best else txt)
-        t.add_row(pm.rate_text(b), *cells)
-    console.print(t)
-    s = Table(
-        title=f"speedup over {data['baseline']} and crossover bandwidth B* "
-        f"({format_rate(min(data['bandwidths_bps']))}..{format_rate(max(data['bandwidths_bps']))})"
-    )
-    for col in (
-        "compressor",
-        f"speedup @ {format_rate(data['bandwidths_bps'][0])}",
-        f"speedup @ {format_rate(data['bandwidths_bps'][-1])}",
-        "best speedup",
-        "crossover B*",
-    ):
-        s.add_column(col, justify="left" if col == "compressor" else "right")
-    for n in names:
-        c = data["compressors"][n]
-        cx = c["crossover"]
-        if cx is None:
-            cx_txt = "(baseline)"
-        elif cx["kind"] == "crossover":
-            cx_txt = f"{pm.rate_text(cx['bandwidth_bps'])} (faster {'below' if cx['wins_below'] else 'above'})"
-        else:
-            cx_txt = f"{cx['kind']} faster"
-        s.add_row(
-            n,
-            f"{c['speedup'][0]:.2f}x",
-            f"{c['speedup'][-1]:.2f}x",
-            f"{c['max_speedup']:.2f}x @ {pm.rate_text(c['max_speedup_at_bps'])}",
-            cx_txt,
-        )
-    console.print(s)
-    console.print(f"profile: {source}; hooks {'block' if data['hook_blocks_backward'] else 'overlap'} backward")
-    for n in names:
-        for a in data["compressors"][n].get("assumed") or ():
-            console.print(f"assumed for {n}: {a}")
+    for item in model_views.prediction_view(data, profile, terms, source):
+        console.print(item)
     return 0
 
 
