@@ -19,7 +19,9 @@ linear in 1/B where both are compute + bytes / B; C "wins" at B where it is deci
      of the bracket, so that the next rate and the one after it straddle the crossing within the precision when the
      line is right; when the last two rates replaced the same end of the bracket, bisect in log-rate instead.
   4. A rate where C and S tie (Welch's test on `repeats` runs of each, `report.analysis.tie_flags`) ends the search:
-     "equal within noise" at that rate, between the nearest decided rates around it.
+     "equal within noise" at that rate, between the nearest decided rates around it. A tie before any bracket
+     (the model aimed at a rate where the two are close) first steps out by `step`^2 on each side until a decided
+     rate (or the range's end) bounds the tied ones.
 Every measured rate is rounded to 3 significant digits and snapped to an already-stored rate within (1 + precision)
 ^ 1/4 (strictly inside the bracket), so a grid's trials are reused and a resumed search asks for the same rates.
 """
@@ -220,13 +222,25 @@ def next_step(s: Settings, measured: Mapping[int, Point]) -> Measure | Answer:
     start = s.start_bps if s.start_bps and s.start_bps > 0 else math.sqrt(lo_b * hi_b)
     rate = _snap(min(max(start, lo_b), hi_b), None, s)
     side: list[tuple[int, Verdict]] = []  # the rates measured before a bracket, all on one side
+    ties: list[int] = []  # rates tied before a bracket: the answer is a tie, once decided rates bound it
     for _ in range(MAX_POINTS):  # 1-2: the first guess, then step out until the outcome flips
         v = visit(rate)
         if v.outcome is None:
             return ask(rate, v, None, 3)
         if v.outcome == TIE:
-            return _tie(rate, visits, verdicts)
-        side.append((rate, v))
+            ties.append(rate)
+        else:
+            side.append((rate, v))
+        if ties:  # find the decided rates around the tied ones (or the range's ends), x step^2 at a time
+            below = [r for r, _ in side if r < min(ties)]
+            above = [r for r, _ in side if r > max(ties)]
+            if not below and min(ties) > lo_b:
+                rate = _snap(max(min(ties) / s.step**2, lo_b), None, s)
+            elif not above and max(ties) < hi_b:
+                rate = _snap(min(max(ties) * s.step**2, hi_b), None, s)
+            else:
+                return _tie(ties[0], visits, verdicts, max(below, default=min(ties)), min(above, default=max(ties)))
+            continue
         if side[0][1].outcome != v.outcome:
             break
         up = v.outcome == WIN  # C wins here: the crossing (C faster below it) lies above
@@ -322,10 +336,11 @@ def _crossover(a: int, b: int, verdicts: Mapping[int, Verdict], visits: Sequence
     return Answer("crossover", a, b, est, verdicts[a].outcome == WIN, tuple(visits))
 
 
-def _tie(rate: int, visits: Sequence[Visit], verdicts: Mapping[int, Verdict]) -> Answer:
+def _tie(rate: int, visits: Sequence[Visit], verdicts: Mapping[int, Verdict], below=None, above=None) -> Answer:
+    """A tie at `rate`, between the nearest decided rates around it (given, or found among the verdicts)."""
     decided = [r for r, v in verdicts.items() if v.outcome in (WIN, LOSE)]
-    below = max((r for r in decided if r < rate), default=rate)
-    above = min((r for r in decided if r > rate), default=rate)
+    below = below if below is not None else max((r for r in decided if r < rate), default=rate)
+    above = above if above is not None else min((r for r in decided if r > rate), default=rate)
     return Answer("tie", below, above, float(rate), None, tuple(visits))
 
 

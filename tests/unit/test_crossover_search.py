@@ -94,12 +94,26 @@ def test_equal_within_noise_is_a_tie_with_repeats():
     def same(_b):
         return 0.2
 
-    ans, measured, ran = drive(cs.Settings(50 * MBIT, 25 * GBIT, repeats=3, start_bps=1 * GBIT), same, same, noise=0.02)
-    assert ans.kind == "tie"
-    assert ans.estimate_bps == 1 * GBIT and ran == 6  # 3 runs of each side at the first rate
-    p = measured[1 * GBIT]
-    assert len(p.compressor) == len(p.baseline) == 3
-    assert "equal within noise at 1gbit" in ans.describe("fp16")
+    s = cs.Settings(50 * MBIT, 25 * GBIT, repeats=3, start_bps=1 * GBIT)
+    ans, measured, ran = drive(s, same, same, noise=0.02)
+    assert ans.kind == "tie" and ans.estimate_bps == 1 * GBIT
+    assert (ans.low_bps, ans.high_bps) == (50 * MBIT, 25 * GBIT)  # tied everywhere: bounded by the range's ends
+    assert all(len(p.compressor) == len(p.baseline) == 3 for p in measured.values())  # 3 runs each at every rate
+    assert "equal within noise at 1gbit (between 50mbit and 25gbit)" in ans.describe("fp16")
+
+
+def test_a_tie_at_the_first_guess_is_bounded_by_decided_rates():
+    """Close over a wide band (the curves meet and run together): the tie is reported between decided rates."""
+
+    def comp(b):
+        return 0.2
+
+    def sync(b):
+        return 0.2 + 0.3 * (100 * MBIT / b - 1) if b < 100 * MBIT else 0.2  # equal from 100 Mbit/s up
+
+    s = cs.Settings(10 * MBIT, 10 * GBIT, repeats=3, start_bps=1 * GBIT)
+    ans, _, _ = drive(s, comp, sync, noise=0.01)
+    assert ans.kind == "tie" and ans.high_bps == 10 * GBIT and ans.low_bps < 100 * MBIT
 
 
 def test_one_run_each_decides_when_the_ranges_do_not_overlap():
