@@ -4,7 +4,7 @@ Shaping the wrong NIC of a remote host (or shaping the right one to 10 kbit) can
 router's ``commit confirmed``, every lab shaping change goes through here:
 
 1. `snapshot()` reads the interface's shaping (egress root qdisc and ingress redirect) before the change.
-2. The change is applied (`shaping.__main__`).
+2. The change is applied (`shaping.apply`).
 3. `arm()` writes a pending record (previous state, applied plan, deadline, a random token) to a state file and starts
    a detached timer process (own session, no terminal, stdio to a log) that survives the SSH session.
 4. The controller opens a *new* SSH connection (proof it can still reach the host) and runs ``confirm``: the pending
