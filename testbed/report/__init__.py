@@ -37,6 +37,7 @@ from testbed.report.analysis import (
     check_results,
     fit_efficiency_from_trials,
     group_label,
+    hardware_line,
     headline,
     measured_crossover,
     prediction_errors,
@@ -44,6 +45,7 @@ from testbed.report.analysis import (
     speedup_table,
 )
 from testbed.report.figures import plot_phases, plot_scaling, plot_time_vs_bandwidth, variant_colors
+from testbed.report.searches import load_searches, search_notes, searches_of
 from testbed.report.timeline import report_timelines
 
 __all__ = [
@@ -112,9 +114,12 @@ def build_report(
             notes.append(f"efficiency fitted from {used} syncsgd trial(s): {fitted:.3f}")
         s = ModelSettings(latency_s, efficiency, hook_blocks_backward, tuple(calibrations))
     agg = aggregate(ok)
+    searches, search_skipped = load_searches(results_dir)  # `testbed crossover`'s searches: marked on the curves
+    notes += search_skipped + search_notes(searches)
     sp, sp_notes = speedup_table(agg, baseline)
     notes += sp_notes
     head, wins, configs = headline(sp, baseline)
+    head = f"{head} {hardware_line(ok)}"  # what ran the trials, co-location included (issue 32)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     colors = variant_colors(sp["variant"])
@@ -129,7 +134,8 @@ def build_report(
         elif prof.batch_size != int(bs):
             notes.append(f"{group_label(model, bs)}: predicted with the bs{prof.batch_size} profile")
         stem = f"{model}_bs{int(bs)}_p{int(ws)}"
-        path, rows = plot_time_vs_bandwidth(g, key, baseline, colors, prof, s, out / f"time_vs_bw_{stem}.png")
+        path, rows = plot_time_vs_bandwidth(g, key, baseline, colors, prof, s, out / f"time_vs_bw_{stem}.png",
+                                            searches_of(searches, model, int(bs), int(ws)))  # fmt: skip
         figures.append((f"{group_label(*key)}: iteration time and speedup vs bandwidth", path))
         cx_rows += rows
         figures.append((f"{group_label(*key)}: per-phase time", plot_phases(g, key, out / f"phases_{stem}.png")))

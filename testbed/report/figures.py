@@ -4,7 +4,7 @@ scaling with workers, per-phase time. Each function draws one PNG and returns it
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -73,7 +73,9 @@ def plot_time_vs_bandwidth(
     prof: pm.Profile | None,
     s: ModelSettings,
     path: Path,
+    searches: Sequence[dict] = (),
 ) -> tuple[Path, list[dict]]:
+    """`searches`: the crossover searches of this group (report.searches): their rates ringed, their bracket shaded."""
     model, bs, ws = key
     unshaped_x, xpos = _x_positions(g["rate_bps"])
     fig = Figure(figsize=(9.5, 7.5))
@@ -110,6 +112,7 @@ def plot_time_vs_bandwidth(
             capsize=3,
             label=f"{v} measured",
         )
+        _mark_searches(ax_t, d, [x for x in searches if x.get("variant") == v], colors[v], xpos)
         if v in curves:
             ax_t.plot(grid, curves[v], "-", color=colors[v], alpha=0.7, label=f"{v} model")
         if d["speedup"].notna().any():
@@ -162,13 +165,19 @@ def plot_time_vs_bandwidth(
                 else f"{pc.kind} ({pm.rate_text(lo_bps)}..{pm.rate_text(hi_bps)})"
             )
             row["predicted_bps"] = pc.bandwidth_bps
+            if pc.kind == "crossover":  # the rates where the two predictions' intervals overlap (issue 32)
+                row["predicted_range_bps"] = pm.crossover_interval(
+                    prof, base_compressor(v), int(ws), lo_bps, hi_bps, baseline=baseline,
+                    hook_blocks_backward=s.hook_blocks_backward, terms=crossover_terms(int(ws), delay, s),
+                    comm_rel_spread=s.terms(int(ws)).comm_rel_spread)  # fmt: skip
             if pc.bandwidth_bps and grid[0] <= pc.bandwidth_bps <= grid[-1]:
                 ax_t.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
                 ax_s.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
         if is_serial(v):
             row["verdict"] = "n/a (serial)"
         elif measured_range:
-            ratio, verdict = measured_verdict(rates, list(d["speedup"]), ties, (mk, mb), pkind, row["predicted_bps"])
+            ratio, verdict = measured_verdict(rates, list(d["speedup"]), ties, (mk, mb), pkind, row["predicted_bps"],
+                                              row.pop("predicted_range_bps", None))  # fmt: skip
             row["predicted/measured"], row["verdict"] = ratio, verdict
         cx_rows.append(row)
     ax_s.axhline(1.0, color="black", linewidth=1)
@@ -197,6 +206,19 @@ def plot_time_vs_bandwidth(
     _legend(ax_t)
     _legend(ax_s)
     return _save(fig, path), cx_rows
+
+
+def _mark_searches(ax, d: pd.DataFrame, searches: Sequence[dict], color: str, xpos: dict) -> None:
+    """Ring the rates a crossover search measured (on the variant's measured points) and shade its bracket."""
+    for doc in searches:
+        rates = {int(v["rate_bps"]) for v in doc.get("visits", [])}
+        pts = d[d["rate_bps"].isin(rates)]
+        if len(pts):
+            ax.plot([xpos[r] for r in pts["rate_bps"]], pts["t_s"], "s", markersize=12, markerfacecolor="none",
+                    markeredgecolor=color, label=f"{doc['variant']} searched")  # fmt: skip
+        lo, hi = doc.get("bracket_bps") or (None, None)
+        if doc.get("done") and lo and hi and hi > lo:
+            ax.axvspan(lo, hi, color=color, alpha=0.15, label=f"{doc['variant']} {doc.get('kind')} bracket")
 
 
 def plot_scaling(

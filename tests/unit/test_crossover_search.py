@@ -189,3 +189,20 @@ def test_noisy_curves_still_bracket_or_tie_around_the_crossover():
         assert ans.kind in ("crossover", "tie"), ans
         assert ans.low_bps <= cross * 1.05 and ans.high_bps >= cross / 1.05, (seed, ans)
         assert math.isfinite(ran)
+
+
+def test_the_report_reads_the_kept_searches_and_skips_a_broken_file(tmp_path):
+    from testbed.report.searches import load_searches, search_notes, searches_of
+
+    d = tmp_path / "searches"
+    d.mkdir()
+    doc = {"variant": "powersgd rank=4", "model": "mlp", "batch_size": 8, "world_size": 2, "done": True,
+           "verdict": "powersgd rank=4 pays below 30mbit-32mbit, 6 trials", "ratio": 1.2, "visits": []}  # fmt: skip
+    (d / "a.json").write_text(__import__("json").dumps(doc))
+    (d / "b.json").write_text("{not json")
+    docs, skipped = load_searches(tmp_path)
+    assert docs == [doc] and len(skipped) == 1 and "b.json" in skipped[0]
+    assert searches_of(docs, "mlp", 8, 2) == [doc] and searches_of(docs, "mlp", 8, 4) == []
+    assert search_notes(docs) == ["crossover search (mlp bs8, 2 ranks): powersgd rank=4 pays below 30mbit-32mbit, "
+                                  "6 trials; model / measured 1.20"]  # fmt: skip
+    assert load_searches(None) == ([], [])
