@@ -208,6 +208,7 @@ def _train(job: Job, device) -> int:
     if source is not None:
         spec.make_batch = ShardedBatches(source, rank=rank, world_size=world, batch_size=args.batch_size,
                                          seed=args.seed, device=device)  # fmt: skip
+    dist.barrier()  # every rank has started and built its model: what is left is the model's sync alone
     WALL["model_built"] = time.time()
     sync = model_sync_mode(spec.module, device)  # "checksum": every rank built the same parameters, no broadcast
     model = DDP(spec.module, device_ids=[device.index] if device.type == "cuda" else None,
@@ -398,8 +399,8 @@ def model_sync_mode(module, device) -> str:
 
 
 def wall_split() -> dict[str, float]:
-    """Rank 0's life in seconds: start (process created to process group ready and model built: the interpreter,
-    torch, the rendezvous), model sync (DDP's construction: the broadcast, or the checksum), warm-up, the measured
+    """Rank 0's life in seconds: start (process created to every rank ready with its model built: the interpreter,
+    torch, the rendezvous, the slowest peer's start), model sync (DDP's construction: the broadcast, or the checksum), warm-up, the measured
     steps. Columns wall_rank_start_s, wall_model_sync_s, wall_warmup_s, wall_measured_s (docs/results-format.md)."""
     import psutil
 
