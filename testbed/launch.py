@@ -347,7 +347,19 @@ def base_row(cluster, trial: Trial, started: dt.datetime, plan: launch_plan.Laun
         "kernel": platform.release(),
         "testbed_version": testbed.__version__,
         "hostname": platform.node(),
+        **colocation_fields(cluster, trial),
     }
+
+
+def colocation_fields(cluster, trial: Trial) -> dict[str, Any]:
+    """Whether the trial's ranks share cores (schema 5, issue 32): on emulated hosts every rank runs on this
+    machine, "N ranks share M cores" when ranks x threads exceed its cores; unknown (null) on lab hosts."""
+    if cluster.backend != "local":
+        return {"cores": None, "threads_per_rank": None, "colocation": None}
+    cores, threads = os.cpu_count() or 1, cluster.threads_per_rank(trial.world_size)
+    shared = trial.world_size * max(1, threads) > cores
+    return {"cores": cores, "threads_per_rank": threads,
+            "colocation": f"{trial.world_size} ranks share {cores} cores" if shared else None}  # fmt: skip
 
 
 def metrics_from_summary(path: Path) -> dict[str, Any]:

@@ -76,6 +76,10 @@ def calibration_summary(c: pm.Calibration) -> str:
 
 
 
+BOUND_SHORT = {"compute": "compute", "co-location": "co-location", "codec": "codec", "exposed communication": "comm",
+               "host cost": "host", "skew": "skew", "floor": "floor"}  # fmt: skip
+
+
 def _fmt_ms(s: float) -> str:
     ms = s * 1e3
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
@@ -98,19 +102,36 @@ def prediction_view(data: dict[str, Any], profile: pm.Profile, terms: Any, sourc
            if data["straggler_s"] > 0 else "")
     )  # fmt: skip
     out.append(title)
-    t = Table(title="predicted iteration time (ms)")
+    t = Table(title="predicted iteration time (ms), +- its interval, (what bound it)")
     t.add_column("bandwidth", justify="right")
     for n in names:
         t.add_column(n, justify="right")
+    extrapolated = set(data.get("extrapolated_bps") or ())
     for i, b in enumerate(data["bandwidths_bps"]):
         cells = []
         for n in names:
             c = data["compressors"][n]
             best = min(data["compressors"][m]["iter_time_s"][i] for m in names)
             txt = _fmt_ms(c["iter_time_s"][i])
-            cells.append(f"[bold green]{txt}[/]" if c["iter_time_s"][i] == best else txt)
-        t.add_row(pm.rate_text(b), *cells)
+            if c.get("high_s") and c["high_s"][i] is not None:
+                txt += f" +-{_fmt_ms((c['high_s'][i] - c['low_s'][i]) / 2)}"
+            bound = BOUND_SHORT.get((c.get("bound_by") or [""] * (i + 1))[i], "")
+            txt = f"[bold green]{txt}[/]" if c["iter_time_s"][i] == best else txt
+            cells.append(f"{txt} ({bound})" if bound else txt)
+        t.add_row(pm.rate_text(b) + (" *" if b in extrapolated else ""), *cells)
     out.append(t)
+    if extrapolated:
+        out.append("* extrapolated: outside the calibrated rates (the nearest calibration's terms); "
+                   "`testbed calibrate --bw` at these rates")  # fmt: skip
+    if data.get("colocation") or data.get("profile_colocated_ranks", 1) > 1:
+        out.append(f"co-location: profile measured with {data.get('profile_colocated_ranks', 1)} rank(s) computing "
+                   f"at once; this cluster: {data.get('colocation') or 'ranks do not share cores'}")  # fmt: skip
+    for w in data.get("warnings") or ():
+        out.append(f"[yellow]warning:[/] {w}")
+    for n in names:
+        notes = [x for x in data["compressors"][n].get("floor_note") or () if x]
+        if notes:
+            out.append(f"{n}: {notes[0]}" + (f" (at {len(notes)} rates)" if len(notes) > 1 else ""))
     s = Table(
         title=f"speedup over {data['baseline']} and crossover bandwidth B* "
         f"({format_rate(min(data['bandwidths_bps']))}..{format_rate(max(data['bandwidths_bps']))})"

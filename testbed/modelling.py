@@ -188,6 +188,7 @@ def merge_lockstep(solo: dict, lockstep: dict) -> dict:
     skew = [float(x) for x in lockstep.get("skew_s") or ()]
     if skew:
         merged["lockstep_skew_s"] = statistics.median(skew)
+    merged["solo_compute_s"] = sum(float(solo[k]) for k in phases)  # co-location's slowdown: a term of its own
     slowdown = sum(merged[k] for k in phases) / max(1e-12, sum(float(solo[k]) for k in phases))
     codecs = lockstep.get("codecs") or {}
     plain_backward_s = max(merged["backward_s"], float((codecs.get("syncsgd") or {}).get("backward_s", 0.0)))
@@ -348,6 +349,7 @@ def prediction(
         compressors=sorted(set(names) | {baseline}),
         hook_blocks_backward=hook_blocks_backward,
         terms=terms.function(max(1, world_size)),
+        comm_rel_spread=terms.comm_rel_spread,
     )
     summary = pm.summarize(
         prof,
@@ -373,6 +375,9 @@ def prediction(
         "straggler_s": max((b.straggler_s for b in base), default=0.0),  # spread or lockstep skew, the larger
         "baseline": baseline,
         "bandwidths_bps": bandwidths_bps,
+        # rates outside the calibrated ones: the terms there are the nearest calibration's (calibrate at them)
+        "extrapolated_bps": [b for b in bandwidths_bps if terms.extrapolated(b)],
+        **colocation(profile, world_size),
         "compressors": {},
     }
     for n in names:
@@ -382,6 +387,14 @@ def prediction(
             "iter_time_s": [p.iter_time_s for p in curves[n]],
             # the composition of the profile's phases before the in-place floors below (iter_time_s: the larger)
             "composed_s": [p.composed_s for p in curves[n]],
+            # the term that decided each time (compute, co-location, codec, exposed communication, host cost, skew,
+            # floor), the terms it is made of, the interval from the profile's and calibration's spread, the floor
+            "bound_by": [p.bound_by for p in curves[n]],
+            "breakdown_s": [dict(p.breakdown) for p in curves[n]],
+            "low_s": [p.low_s for p in curves[n]],
+            "high_s": [p.high_s for p in curves[n]],
+            "floor_s": [p.floor_s for p in curves[n]],
+            "floor_note": [p.floor_note for p in curves[n]],
             "speedup": [b.iter_time_s / p.iter_time_s for b, p in zip(base, curves[n], strict=True)],
             "max_speedup": s.max_speedup,
             "max_speedup_at_bps": s.at_bps,
@@ -395,3 +408,19 @@ def prediction(
             else {"kind": cx.kind, "bandwidth_bps": cx.bandwidth_bps, "wins_below": cx.wins_below},
         }
     return out
+
+
+def colocation(profile: pm.Profile, world_size: int) -> dict[str, Any]:
+    """Which co-location the profile was measured at, against the trial's (a local cluster's ranks all share this
+    machine: its world size), and the one-line warning when they differ."""
+    measured, cores = profile.colocated_ranks, os.cpu_count() or 1
+    warn = []
+    if world_size > 1 and measured != world_size:
+        warn.append(f"the profile was measured with {measured} rank(s) computing at once, the trial has {world_size} "
+                    f"sharing this machine's {cores} cores: profile again with --colocated {world_size}")  # fmt: skip
+    return {"profile_colocated_ranks": measured, "colocation": colocation_text(world_size, cores), "warnings": warn}
+
+
+def colocation_text(ranks: int, cores: int, threads: int = 1) -> str | None:
+    """'N ranks share M cores' when ranks x threads exceed the cores; None when they do not share."""
+    return f"{ranks} ranks share {cores} cores" if ranks * max(1, threads) > cores else None

@@ -93,6 +93,11 @@ COLUMNS: dict[str, pa.DataType] = {
     "driver_version": pa.string(),
     "testbed_version": pa.string(),
     "hostname": pa.string(),
+    # co-location (schema 5, issue 32; null in older rows and on lab hosts): the machine's cores, each rank's threads,
+    # and "N ranks share M cores" when the emulated hosts' ranks x threads exceed them (null: they do not share)
+    "cores": pa.int32(),
+    "threads_per_rank": pa.int32(),
+    "colocation": pa.string(),
     "iter_time_s_mean": pa.float64(),
     "iter_time_s_p5": pa.float64(),
     "iter_time_s_p50": pa.float64(),

@@ -45,6 +45,7 @@ from testbed.perfmodel.crossovers import (
     choose_crossing,
     crossover,
     crossover_from_samples,
+    crossover_interval,
     find_crossover,
     log_grid,
     rate_text,
@@ -64,6 +65,7 @@ from testbed.perfmodel.fit import (
 )
 from testbed.perfmodel.prediction import (
     ASYNC_COMPRESSORS,
+    BOUND_TERMS,
     BucketTimeline,
     Prediction,
     Terms,
@@ -98,6 +100,8 @@ from testbed.perfmodel.terms import (
     ModelTerms,
     TermsByRate,
     calibrated_rate_bps,
+    comm_rel_spread,
+    is_extrapolated,
     model_terms,
     pick_calibrations,
     terms_for,
@@ -124,6 +128,6 @@ __all__ = [
     "load_profile", "log_grid", "model_terms", "pick_calibration", "pick_calibrations", "pick_profile",
     "pool_profiles", "predict_curves", "predict_iteration", "profile_filename", "profile_from_dict",
     "profile_to_dict", "rate_text", "save_calibration", "serialized", "slowest_rank_s", "straggler_s", "summarize",
-    "synthetic_profile_dict", "terms_for", "what_if", "with_codec_speedup", "with_compute_speedup",
+    "synthetic_profile_dict", "terms_for", "comm_rel_spread", "is_extrapolated", "BOUND_TERMS", "crossover_interval", "what_if", "with_codec_speedup", "with_compute_speedup",
     "without_lockstep_floors",
 ]  # fmt: skip

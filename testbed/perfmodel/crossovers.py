@@ -161,6 +161,42 @@ def crossover(
     return Crossover(compressor, baseline, kind, b_star, float(low_bps), float(high_bps), wins_below, crossings)
 
 
+def crossover_interval(
+    profile: Profile,
+    compressor: str,
+    world_size: int,
+    low_bps: float,
+    high_bps: float,
+    *,
+    baseline: str = "syncsgd",
+    terms: Terms = None,
+    hook_blocks_backward: bool = False,
+    comm_rel_spread: float = 0.0,
+    points: int = 32,
+) -> tuple[float, float] | None:
+    """The rates around the predicted crossover where the two predictions' intervals overlap (`Prediction.low_s`,
+    `high_s`: the profile's and the calibration's spread): from the crossing of the compressor's upper bound with the
+    baseline's lower one to the crossing of its lower bound with the baseline's upper one, the range's ends where
+    one of them does not cross (the whole range). None when neither crosses."""
+
+    def pred(name: str, b: float):
+        return predict_iteration(profile, name, at(terms, world_size, b), hook_blocks_backward=hook_blocks_backward,
+                                 comm_rel_spread=comm_rel_spread)  # fmt: skip
+
+    ends = []
+    for mine, theirs in (("high_s", "low_s"), ("low_s", "high_s")):
+        kind, b, _, _ = find_crossover(
+            lambda b, mine=mine, theirs=theirs: getattr(pred(compressor, b), mine) - getattr(pred(baseline, b), theirs),
+            low_bps, high_bps, points=points)  # fmt: skip
+        ends.append(b if kind == "crossover" else None)
+    found = [b for b in ends if b is not None]
+    if not found:
+        return None
+    if len(found) < 2:  # one bound never crosses inside the range: the crossover may lie anywhere in it
+        return float(low_bps), float(high_bps)
+    return float(min(found)), float(max(found))
+
+
 @dataclass(frozen=True)
 class SpeedupSummary:
     compressor: str

@@ -45,7 +45,17 @@ The model (docs/performance-model.md has the derivation and where it breaks):
    at least the whole step it took there (`CompressorProfile.lockstep_step_s`, the slowest rank's, median over
    steps): what the composition of medians leaves out there (a peer's decode or encode landing in this rank's
    forward, the phases' correlation) stays in (4 ranks on 2 cores, resnet18, Sign-SGD: trial 1.67 s, in place
-   1.63 s, the composition of the profile's medians 1.58 s).
+   1.63 s, the composition of the profile's medians 1.58 s). The floors were measured on loopback, where the link
+   costs nothing: at a shaped rate the link's own addition (the composition at that rate minus the composition on a
+   free link: an all-gather left exposed at a low rate) is added to them, so a floor never flattens a curve.
+7. What bound it (issue 32): the prediction names the term that decided it (`Prediction.bound_by`, the largest of
+   `Prediction.breakdown`: compute, co-location, codec, exposed communication, host cost, skew; "floor" whenever a
+   floor decides), and carries an
+   interval [low_s, high_s] from the profile's spread (`Profile.relative_spread`) and the calibration's
+   (`comm_rel_spread`, the collectives' fit residual): half-width sqrt((r_p (compute + codec))^2 + (r_c exposed)^2).
+   A measured floor is shown beside the composition (`floor_s`) and decides only when it lies above the
+   composition's interval (then `bound_by` is "floor" and `floor_note` says by how much the composition fell short);
+   inside the interval the composition stands and the interval reaches up to the floor.
 """
 
 from __future__ import annotations
@@ -61,6 +71,9 @@ from testbed.perfmodel.profiles import Profile
 # Compressors that overlap whatever the runner's --overlap says: syncsgd is DDP's built-in all-reduce (no hook).
 # With --overlap off every hook (fp16 and bf16 too) waits inside the hook.
 ASYNC_COMPRESSORS = frozenset({"syncsgd"})
+# the terms a prediction's time is made of, in `Prediction.breakdown` (its largest is `bound_by`)
+BOUND_TERMS = ("compute", "co-location", "codec", "exposed communication", "host cost", "skew", "floor")
+FREE_LINK_BPS = 1e15  # the rate the in-place floors were measured at, as far as the composition can tell (loopback)
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,13 @@ class Prediction:
     # the composition of the profile's phases (with straggler_s) before the in-place floors; iter_time_s is the larger
     # of it and the floors (`CompressorProfile.lockstep_comm_s`, `lockstep_step_s`). None: built without one.
     composed_s: float | None = None
+    # what decided iter_time_s (the largest of `breakdown`: BOUND_TERMS) and the terms that add up to it
+    bound_by: str = "compute"
+    breakdown: tuple[tuple[str, float], ...] = ()
+    floor_s: float | None = None  # the in-place floor at this rate (None: none measured for this world size)
+    floor_note: str = ""  # where a floor decides: why the composition fell short of it
+    low_s: float | None = None  # the interval from the profile's and the calibration's spread
+    high_s: float | None = None
 
     @property
     def compute_s(self) -> float:
@@ -162,44 +182,119 @@ def slowest_rank_s(profile: Profile, net: Network) -> float:
 
 
 def predict_iteration(
-    profile: Profile, compressor: str, net: Network, *, hook_blocks_backward: bool = False
+    profile: Profile,
+    compressor: str,
+    net: Network,
+    *,
+    hook_blocks_backward: bool = False,
+    comm_rel_spread: float = 0.0,
 ) -> Prediction:
     """Predicted time of one training iteration with `compressor` on `net` (see the module docstring).
-    `hook_blocks_backward` True models the runner's `--overlap off`; False (default) its `--overlap on`."""
+    `hook_blocks_backward` True models the runner's `--overlap off`; False (default) its `--overlap on`.
+    `comm_rel_spread`: the relative uncertainty of the collective terms (the calibration's fit residual), for the
+    interval."""
     comp = profile.compressor(compressor)
     f, bw, opt = profile.forward_s, profile.backward_s, profile.optimizer_s
     p = net.world_size
     blocks = hook_blocks_backward and compressor not in ASYNC_COMPRESSORS
-
     straggler = slowest_rank_s(profile, net)
-    in_lockstep = profile.colocated_ranks == p > 1
-    comm_floor = comp.lockstep_comm_s if comp.lockstep_comm_s is not None and in_lockstep else 0.0
-    step_floor = comp.lockstep_step_s if comp.lockstep_step_s is not None and in_lockstep else 0.0
-
-    def result(iter_s: float, enc: float, comm: float, dec: float, tl: tuple[BucketTimeline, ...]) -> Prediction:
-        composed = iter_s + straggler
-        iter_s = max(composed, f + bw + opt + enc + dec + comm_floor, step_floor)
-        return Prediction(
-            compressor,
-            p,
-            net.bandwidth_bps,
-            iter_s,
-            f,
-            bw,
-            opt,
-            enc,
-            comm,
-            dec,
-            p * profile.batch_size / iter_s if iter_s > 0 else math.inf,
-            blocks,
-            tl,
-            straggler,
-            composed,
-        )
-
     if p == 1:
-        return result(f + bw + opt, 0.0, 0.0, 0.0, ())
+        return _decide(profile, compressor, net, blocks, Composition(f + bw + opt, 0.0, 0.0, 0.0, (), 0.0, 0.0),
+                       straggler, None, comm_rel_spread)  # fmt: skip
+    here = compose(profile, compressor, net, blocks)
+    in_lockstep = profile.colocated_ranks == p > 1
+    floors = []
+    if comp.lockstep_comm_s is not None and in_lockstep:
+        floors.append(f + bw + opt + here.encode_s + here.decode_s + comp.lockstep_comm_s)
+    if comp.lockstep_step_s is not None and in_lockstep:
+        floors.append(comp.lockstep_step_s)
+    floor = None
+    if floors:  # measured on loopback: the link's own addition at this rate comes on top
+        free = compose(profile, compressor, replace(net, bandwidth_bps=max(FREE_LINK_BPS, net.bandwidth_bps)), blocks)
+        floor = max(floors) + max(0.0, here.iter_s - free.iter_s)
+    return _decide(profile, compressor, net, blocks, here, straggler, floor, comm_rel_spread)
 
+
+@dataclass(frozen=True)
+class Composition:
+    """The composition of the profile's phases on a network (no straggler, no floor)."""
+
+    iter_s: float
+    encode_s: float
+    comm_s: float
+    decode_s: float
+    timeline: tuple[BucketTimeline, ...]
+    host_s: float  # the collectives' host time (calibrated k and gamma), all buckets
+    wire_s: float  # their bandwidth terms, all buckets
+
+
+def _decide(profile: Profile, compressor: str, net: Network, blocks: bool, c: Composition, straggler: float,
+            floor: float | None, comm_rel_spread: float) -> Prediction:  # fmt: skip
+    """The prediction from the composition, the straggler term and the floor: its breakdown, what bound it, its
+    interval, and whether the floor decides (only above the composition's interval)."""
+    f, bw, opt = profile.forward_s, profile.backward_s, profile.optimizer_s
+    compute = f + bw + opt
+    composed = c.iter_s + straggler
+    codec = min(max(0.0, c.iter_s - compute), c.encode_s + c.decode_s)
+    exposed = max(0.0, c.iter_s - compute - codec)
+    colocation = 0.0
+    if profile.colocated_ranks > 1 and profile.solo_compute_s is not None:
+        colocation = min(compute, max(0.0, compute - profile.solo_compute_s))
+    host_bound = c.host_s > c.wire_s
+    parts = {
+        "compute": compute - colocation,
+        "co-location": colocation,
+        "codec": codec,
+        "exposed communication": 0.0 if host_bound else exposed,
+        "host cost": exposed if host_bound else 0.0,
+        "skew": straggler,
+        "floor": 0.0,
+    }
+    half = math.hypot(profile.relative_spread * (compute + codec), max(0.0, comm_rel_spread) * exposed)
+    iter_s, note = composed, ""
+    if floor is not None and floor > composed + half:
+        iter_s = floor
+        parts["floor"] = floor - composed
+        note = (f"the floor measured in place ({floor * 1e3:.0f} ms) decides: the composition ({composed * 1e3:.0f} "
+                f"ms, +-{half * 1e3:.0f} ms) falls {(floor - composed) * 1e3:.0f} ms short: what the medians leave out "
+                "when ranks time-share cores (a peer's codec in this rank's step, waits at the collectives)")  # fmt: skip
+    bound = "floor" if parts["floor"] > 0 else max(parts, key=lambda k: parts[k])
+    high = iter_s + half if floor is None else max(iter_s + half, floor)
+    return Prediction(
+        compressor,
+        net.world_size,
+        net.bandwidth_bps,
+        iter_s,
+        f,
+        bw,
+        opt,
+        c.encode_s,
+        c.comm_s,
+        c.decode_s,
+        net.world_size * profile.batch_size / iter_s if iter_s > 0 else math.inf,
+        blocks,
+        c.timeline,
+        straggler,
+        composed,
+        bound,
+        tuple((k, v) for k, v in parts.items() if v > 0),
+        floor,
+        note,
+        max(0.0, min(iter_s, composed) - half),
+        high,
+    )
+
+
+def compose(profile: Profile, compressor: str, net: Network, blocks: bool) -> Composition:
+    """The composition of one iteration's phases (module docstring, points 1-3 and 5), before stragglers and
+    floors."""
+    comp = profile.compressor(compressor)
+    f, bw, opt = profile.forward_s, profile.backward_s, profile.optimizer_s
+    host_total = sum(collective_host_s(comp.collective, c.payload_bytes, net) for c in comp.buckets)
+    wire_total = sum(collective_time_s(comp.collective, c.payload_bytes, comp.rounds,
+                                       replace(net, host_s_per_wire_byte=0.0, reduce_s_per_byte=0.0, latency_s=0.0,
+                                               contention_latency_s=0.0, contention_s_per_wire_byte=0.0))
+                     for c in comp.buckets)  # fmt: skip
     codec = {b.index: b for b in comp.buckets}
     timeline: list[BucketTimeline] = []
     enc_total = comm_total = dec_total = 0.0
@@ -257,7 +352,8 @@ def predict_iteration(
             done_at[pos] = now
         timeline = [replace(t, done_s=done_at[i]) for i, t in enumerate(timeline)]
         backward_end = now
-    return result(f + backward_end + opt, enc_total, comm_total, dec_total, tuple(timeline))
+    return Composition(f + backward_end + opt, enc_total, comm_total, dec_total, tuple(timeline), host_total,
+                       wire_total)
 
 
 def predict_curves(
@@ -268,6 +364,7 @@ def predict_curves(
     compressors: Sequence[str] | None = None,
     terms: Terms = None,
     hook_blocks_backward: bool = False,
+    comm_rel_spread: float = 0.0,
 ) -> dict[str, list[Prediction]]:
     """Predicted iteration per compressor (default: all profiled, plus syncsgd) at each bandwidth. `terms`: the
     collective terms (latency, efficiency, host and contention costs) as a Network whose world size and bandwidth
@@ -275,7 +372,8 @@ def predict_curves(
     names = list(compressors) if compressors else profile.compressor_names()
     return {
         name: [
-            predict_iteration(profile, name, at(terms, world_size, b), hook_blocks_backward=hook_blocks_backward)
+            predict_iteration(profile, name, at(terms, world_size, b), hook_blocks_backward=hook_blocks_backward,
+                              comm_rel_spread=comm_rel_spread)
             for b in bandwidths_bps
         ]
         for name in names

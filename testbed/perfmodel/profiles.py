@@ -6,6 +6,7 @@ of repeated measurements. Pure; measuring one is testbed/modelling.py's (runners
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -92,6 +93,22 @@ class Profile:
     # co-located profiles: per step started together, the slowest rank's lateness behind the median one (None: not
     # measured)
     lockstep_skew_s: float | None = None
+    # co-located profiles: forward + backward + optimizer of the solo profile, measured alone (co-location's slowdown
+    # is the compute beyond it: a term of its own in a prediction's breakdown); None: not recorded
+    solo_compute_s: float | None = None
+    # half the range of forward + backward + optimizer over the repeated profiles pooled into this one
+    # (`pool_profiles`); None: one measurement (the interval then uses the iteration-to-iteration spread)
+    compute_spread_s: float | None = None
+
+    @property
+    def relative_spread(self) -> float:
+        """The profile's relative uncertainty, for a prediction's interval: the spread of the repeats pooled into it
+        (`compute_spread_s`), at least the iteration-to-iteration spread of a trial's median over 5 steps
+        (`compute_jitter_s` / sqrt 5), as a fraction of the compute."""
+        if self.compute_s <= 0:
+            return 0.0
+        jitter = self.compute_jitter_s / math.sqrt(5)
+        return max(jitter, self.compute_spread_s or 0.0) / self.compute_s
 
     @property
     def grad_bytes(self) -> int:
@@ -195,6 +212,8 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             colocated_ranks=int(d.get("colocated_ranks", 1)),
             compute_jitter_s=max(0.0, float(d.get("compute_jitter_s", 0.0))),
             lockstep_skew_s=None if d.get("lockstep_skew_s") is None else max(0.0, float(d["lockstep_skew_s"])),
+            solo_compute_s=None if d.get("solo_compute_s") is None else max(0.0, float(d["solo_compute_s"])),
+            compute_spread_s=None if d.get("compute_spread_s") is None else max(0.0, float(d["compute_spread_s"])),
         )
     except (TypeError, ValueError, AttributeError) as exc:
         if isinstance(exc, InputError):
@@ -303,6 +322,9 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
         optimizer_s=med(p.optimizer_s for p in profiles),
         compute_jitter_s=med(p.compute_jitter_s for p in profiles),
         lockstep_skew_s=med_or_none([p.lockstep_skew_s for p in profiles]),
+        solo_compute_s=med_or_none([p.solo_compute_s for p in profiles]),
+        compute_spread_s=(max(p.compute_s for p in profiles) - min(p.compute_s for p in profiles)) / 2
+        if len(profiles) > 1 else first.compute_spread_s,
         buckets=buckets,
         compressors=comps,
     )
@@ -324,6 +346,8 @@ def profile_to_dict(profile: Profile) -> dict:
         "colocated_ranks": profile.colocated_ranks,
         "compute_jitter_s": profile.compute_jitter_s,
         **({} if profile.lockstep_skew_s is None else {"lockstep_skew_s": profile.lockstep_skew_s}),
+        **({} if profile.solo_compute_s is None else {"solo_compute_s": profile.solo_compute_s}),
+        **({} if profile.compute_spread_s is None else {"compute_spread_s": profile.compute_spread_s}),
         "forward_s": profile.forward_s,
         "backward_s": profile.backward_s,
         "optimizer_s": profile.optimizer_s,

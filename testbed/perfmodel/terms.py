@@ -31,6 +31,14 @@ class ModelTerms:
     contention_latency_s: float = 0.0
     contention_s_per_wire_byte: float = 0.0
     skew_s: float = 0.0
+    # the collectives' relative uncertainty (the calibration fit's residual, the larger collective's): a prediction's
+    # interval; and the rate the calibration sits at (a prediction elsewhere is extrapolated)
+    comm_rel_spread: float = 0.0
+    calibrated_rates_bps: tuple[float, ...] = ()
+
+    def extrapolated(self, bandwidth_bps: float) -> bool:
+        """Whether `bandwidth_bps` lies outside the calibrated rates (by more than 10 %); False without any."""
+        return is_extrapolated(self.calibrated_rates_bps, bandwidth_bps)
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> Network:
         return Network(
@@ -57,6 +65,8 @@ class ModelTerms:
             "contention_latency_s": self.contention_latency_s,
             "contention_s_per_wire_byte": self.contention_s_per_wire_byte,
             "skew_s": self.skew_s,
+            "comm_rel_spread": self.comm_rel_spread,
+            "calibrated_rates_bps": list(self.calibrated_rates_bps),
         }
 
     def describe_terms(self) -> str:
@@ -110,7 +120,26 @@ def model_terms(
         terms["contention_latency_s"],
         terms["contention_s_per_wire_byte"],
         terms["skew_s"],
+        comm_rel_spread(calibration),
+        (calibrated_rate_bps(calibration),),
     )
+
+
+def comm_rel_spread(c: Calibration) -> float:
+    """The relative uncertainty of a calibration's collective times: the larger root-mean-square relative residual
+    of its all-reduce and all-gather fits (how far its own samples lie from the line the model uses)."""
+    return max(c.fitted.allreduce_fit.rel_rms, c.fitted.allgather_fit.rel_rms)
+
+
+EXTRAPOLATION_TOLERANCE = 0.10
+
+
+def is_extrapolated(rates_bps: Sequence[float], bandwidth_bps: float) -> bool:
+    """Whether `bandwidth_bps` lies outside [min, max] of the calibrated `rates_bps` by more than 10 %."""
+    if not rates_bps:
+        return False
+    lo, hi = min(rates_bps), max(rates_bps)
+    return not (lo * (1 - EXTRAPOLATION_TOLERANCE) <= bandwidth_bps <= hi * (1 + EXTRAPOLATION_TOLERANCE))
 
 
 # --------------------------------------------------------------------------------------------- several rates
@@ -184,7 +213,21 @@ class TermsByRate:
             values["contention_latency_s"],
             values["contention_s_per_wire_byte"],
             values["skew_s"],
+            self.comm_rel_spread,
+            tuple(rates),
         )
+
+    @property
+    def comm_rel_spread(self) -> float:
+        return max(comm_rel_spread(c) for c in self.calibrations)
+
+    @property
+    def calibrated_rates_bps(self) -> tuple[float, ...]:
+        return tuple(self._points[0])
+
+    def extrapolated(self, bandwidth_bps: float) -> bool:
+        """Whether `bandwidth_bps` lies outside the calibrated rates (by more than 10 %)."""
+        return is_extrapolated(self.calibrated_rates_bps, bandwidth_bps)
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> Network:
         return self.at(bandwidth_bps).network(world_size, bandwidth_bps, extra_latency_s)
@@ -204,6 +247,8 @@ class TermsByRate:
     def as_dict(self) -> dict[str, Any]:
         """Each calibration's terms by the rate it sits at (predict's and report's JSON)."""
         return {
+            "comm_rel_spread": self.comm_rel_spread,
+            "calibrated_rates_bps": list(self.calibrated_rates_bps),
             "interpolated_by_rate": [
                 {"rate_bps": calibrated_rate_bps(c), **self.at(calibrated_rate_bps(c)).as_dict()}
                 for c in self.calibrations

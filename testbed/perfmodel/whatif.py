@@ -22,6 +22,8 @@ def with_compute_speedup(profile: Profile, k: float) -> Profile:
         optimizer_s=profile.optimizer_s / k,
         compute_jitter_s=profile.compute_jitter_s / k,
         lockstep_skew_s=None if profile.lockstep_skew_s is None else profile.lockstep_skew_s / k,
+        solo_compute_s=None if profile.solo_compute_s is None else profile.solo_compute_s / k,
+        compute_spread_s=None if profile.compute_spread_s is None else profile.compute_spread_s / k,
         buckets=tuple(replace(b, ready_at_s=b.ready_at_s / k) for b in profile.buckets),
     )
 

@@ -18,7 +18,7 @@ from testbed import perfmodel as pm
 from testbed.errors import InputError
 
 SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3, 4)  # 2, 3 and 4 only added columns (2: placement, overlap, peer skew, GPU versions; 3: learning)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)  # 2-5 only added columns (2: placement, overlap, peer skew, GPU versions; 3: learning)
 REQUIRED_COLUMNS = (
     "schema_version",
     "trial_id",
@@ -254,6 +254,18 @@ def headline(sp: pd.DataFrame, baseline: str) -> tuple[str, int, int]:
     return text + ".", n, m
 
 
+def hardware_line(ok: pd.DataFrame) -> str:
+    """What ran the trials, for the headline: machines, device, cores, and the co-locations (issue 32)."""
+    def values(col: str) -> list[str]:
+        return sorted({str(v) for v in ok[col].dropna()}) if col in ok.columns else []
+
+    hosts, devices, cores, shared = values("hostname"), values("device_name"), values("cores"), values("colocation")
+    text = f"Trials ran on {', '.join(hosts) or 'unrecorded hosts'}"
+    if devices:
+        text += f" ({', '.join(devices)}" + (f", {'/'.join(cores)} cores" if cores else "") + ")"
+    return text + (f"; {', '.join(shared)}." if shared else ".")
+
+
 def measured_crossover(
     rates_bps: Sequence[float], speedups: Sequence[float], ties: Sequence[bool] | None = None
 ) -> tuple[str, float | None]:
@@ -359,6 +371,8 @@ def crossover_verdict(
     *,
     tied_bracket: tuple[float, float] | None = None,
     decided_bps: Sequence[float] = (),
+    predicted_range: tuple[float, float] | None = None,
+    measured_range: tuple[float, float] | None = None,
 ) -> tuple[float | None, str]:
     """(predicted / measured crossover, verdict) for one compressor; [low, high] is the measured range.
 
@@ -379,6 +393,9 @@ def crossover_verdict(
         if predicted_kind != "crossover" or predicted_bps is None:
             return None, f"disagrees: measured crossover, model says {predicted_kind} faster"
         ratio = predicted_bps / measured_bps
+        by_interval = interval_verdict(ratio, predicted_range, measured_range or tied_bracket)
+        if by_interval:
+            return ratio, by_interval
         if AGREE_LOW <= ratio <= AGREE_HIGH:
             return ratio, f"agrees within {AGREE_LOW}-{AGREE_HIGH} ({ratio:.2f})"
         if tied_bracket and tied_bracket[0] < predicted_bps < tied_bracket[1]:
@@ -403,6 +420,27 @@ def crossover_verdict(
     return None, f"disagrees: measured always {what}, model always {'slower' if what == 'faster' else 'faster'}"
 
 
+UNDECIDED_SPAN = (AGREE_HIGH / AGREE_LOW) ** 2  # a predicted crossover interval wider than this ratio decides nothing
+
+
+def interval_verdict(
+    ratio: float, predicted: tuple[float, float] | None, measured: tuple[float, float] | None
+) -> str | None:
+    """The verdict by the intervals (issue 32), or None to fall back on the ratio alone: "undecided" when the
+    predicted crossover's interval (the predictions' spread) spans more than `UNDECIDED_SPAN` (say why), "agrees"
+    when it overlaps the measured one (the decided rates around the measured crossing), else None."""
+    if predicted is None:
+        return None
+    lo, hi = predicted
+    if lo > 0 and hi / lo > UNDECIDED_SPAN:
+        return (f"undecided: the predicted crossover lies anywhere in {pm.rate_text(lo)}..{pm.rate_text(hi)} "
+                f"(the profile's and calibration's spread), too wide to tell ({ratio:.2f})")  # fmt: skip
+    if measured is not None and lo <= measured[1] and measured[0] <= hi:
+        return (f"agrees: the predicted interval {pm.rate_text(lo)}..{pm.rate_text(hi)} overlaps the measured "
+                f"{pm.rate_text(measured[0])}..{pm.rate_text(measured[1])} ({ratio:.2f})")  # fmt: skip
+    return None
+
+
 def measured_verdict(
     rates_bps: Sequence[float],
     speedups: Sequence[float],
@@ -410,6 +448,7 @@ def measured_verdict(
     measured: tuple[str, float | None],
     predicted_kind: str | None,
     predicted_bps: float | None,
+    predicted_range: tuple[float, float] | None = None,
 ) -> tuple[float | None, str]:
     """`crossover_verdict` for one compressor's measured points (`measured`: what `measured_crossover` made of them):
     the measured range, the decided rates and, for a crossover, its decided bracket when tied rates lie inside it."""
@@ -422,7 +461,8 @@ def measured_verdict(
     )
     decided = [r for r, _, t in pts if not t]
     return crossover_verdict(kind, b, predicted_kind, predicted_bps, min(rng), max(rng),
-                             tied_bracket=bracket if tied_inside else None, decided_bps=decided)  # fmt: skip
+                             tied_bracket=bracket if tied_inside else None, decided_bps=decided,
+                             predicted_range=predicted_range, measured_range=bracket)  # fmt: skip
 
 
 def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings) -> pd.DataFrame:
@@ -438,12 +478,15 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
         bps = r["rate_bps"] if r["rate_bps"] > 0 else r.get("goodput_bps")
         if not bps or (isinstance(bps, float) and math.isnan(bps)):
             continue
-        pred = pm.predict_iteration(
+        terms = s.terms(int(r["world_size"]))
+        full = pm.predict_iteration(
             variant_profile(prof, r["variant"]),
             r["compressor"],
             network(r["world_size"], bps, r["delay_s"], s),
             hook_blocks_backward=s.hook_blocks_backward,
-        ).iter_time_s
+            comm_rel_spread=terms.comm_rel_spread,
+        )
+        pred = full.iter_time_s
         rows.append(
             {
                 "trial_id": r["trial_id"],
@@ -456,6 +499,12 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
                 "measured_ms": r["t_s"] * 1e3,
                 "predicted_ms": pred * 1e3,
                 "error_pct": (pred - r["t_s"]) / r["t_s"] * 100,
+                # issue 32: what bound the prediction, its interval, extrapolated beyond the calibrated rates
+                "bound_by": full.bound_by,
+                "low_ms": (full.low_s or pred) * 1e3,
+                "high_ms": (full.high_s or pred) * 1e3,
+                "extrapolated": terms.extrapolated(float(bps)),
+                "profile_colocated_ranks": prof.colocated_ranks,
             }
         )
     return pd.DataFrame(
@@ -471,6 +520,11 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
             "measured_ms",
             "predicted_ms",
             "error_pct",
+            "bound_by",
+            "low_ms",
+            "high_ms",
+            "extrapolated",
+            "profile_colocated_ranks",
         ],
     )
 

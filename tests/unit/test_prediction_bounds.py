@@ -1,0 +1,101 @@
+"""Issue 32: each prediction says what bound it, carries an interval, shows a measured floor beside the composition
+(deciding only above the composition's interval), follows the link under a floor, and names co-location."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.perfmodel import (
+    BOUND_TERMS,
+    Network,
+    crossover_interval,
+    is_extrapolated,
+    pool_profiles,
+    predict_iteration,
+    profile_from_dict,
+    synthetic_profile_dict,
+)
+from testbed.report.analysis import interval_verdict
+
+
+def profile(**extra):
+    return profile_from_dict({**synthetic_profile_dict(), **extra})
+
+
+def test_each_prediction_names_the_term_that_bound_it():
+    p = profile()
+    fast = predict_iteration(p, "syncsgd", Network(2, 100e9))
+    slow = predict_iteration(p, "syncsgd", Network(2, 10e6))
+    assert fast.bound_by == "compute" and slow.bound_by == "exposed communication"
+    for pred in (fast, slow):
+        parts = dict(pred.breakdown)
+        assert set(parts) <= set(BOUND_TERMS)
+        assert sum(parts.values()) == pytest.approx(pred.iter_time_s)
+    # host-bound collectives (calibrated host cost above the wire time) say so
+    host = predict_iteration(p, "syncsgd", Network(2, 100e9, host_s_per_wire_byte=1e-8))
+    assert dict(host.breakdown).get("host cost", 0) > 0
+
+
+def test_co_location_is_a_term_of_its_own():
+    p = profile(colocated_ranks=3, solo_compute_s=0.5 * (synthetic_profile_dict()["forward_s"]
+                                                           + synthetic_profile_dict()["backward_s"]))
+    pred = predict_iteration(p, "syncsgd", Network(3, 100e9))
+    assert dict(pred.breakdown)["co-location"] > 0
+
+
+def test_a_floor_inside_the_compositions_interval_is_shown_not_used():
+    """signSGD in issue 32: the in-place step (1.293 s) above every trial (1.06-1.22 s) replaced the composition."""
+    net = Network(3, 100e9)
+    base = profile(colocated_ranks=3)
+    composed = predict_iteration(base, "signsgd", net).iter_time_s
+    d = synthetic_profile_dict()
+    d["colocated_ranks"] = 3
+    d["compute_spread_s"] = 0.10 * (d["forward_s"] + d["backward_s"])  # repeats that disagree by 20 %
+    d["compressors"]["signsgd"]["lockstep_step_s"] = composed * 1.05
+    near = predict_iteration(profile_from_dict(d), "signsgd", net)
+    assert near.iter_time_s == pytest.approx(composed) and near.bound_by != "floor" and not near.floor_note
+    assert near.floor_s == pytest.approx(composed * 1.05, rel=3e-3) and near.high_s >= near.floor_s
+    assert near.low_s < near.iter_time_s < near.high_s
+    d["compressors"]["signsgd"]["lockstep_step_s"] = composed * 1.5  # well above: the floor decides, and says why
+    far = predict_iteration(profile_from_dict(d), "signsgd", net)
+    assert far.bound_by == "floor" and far.iter_time_s == pytest.approx(composed * 1.5, rel=3e-3)
+    assert "falls" in far.floor_note and far.composed_s == pytest.approx(composed)
+
+
+def test_the_link_adds_to_a_floor_so_top_k_is_not_flat():
+    """Top-K in issue 32: predicted flat at its floor while the all-gather the link exposes grows at low rates."""
+    d = synthetic_profile_dict()
+    d["colocated_ranks"] = 3
+    d["compressors"]["topk"]["lockstep_step_s"] = 2.0 * (d["forward_s"] + d["backward_s"])
+    p = profile_from_dict(d)
+    curve = [predict_iteration(p, "topk", Network(3, b)).iter_time_s for b in (10e9, 1e9, 100e6, 10e6)]
+    assert curve == sorted(curve) and curve[-1] > curve[0] * 1.05
+
+
+def test_the_interval_grows_with_the_calibrations_spread():
+    p = profile()
+    a = predict_iteration(p, "syncsgd", Network(2, 10e6))
+    b = predict_iteration(p, "syncsgd", Network(2, 10e6), comm_rel_spread=0.2)
+    assert (b.high_s - b.low_s) > (a.high_s - a.low_s)
+
+
+def test_pooled_repeats_give_the_profiles_spread():
+    d = synthetic_profile_dict()
+    slower = {**d, "forward_s": d["forward_s"] * 1.2}
+    pooled = pool_profiles([profile_from_dict(d), profile_from_dict(slower)])
+    assert pooled.compute_spread_s == pytest.approx(d["forward_s"] * 0.1)
+    assert pooled.relative_spread > 0
+
+
+def test_extrapolated_rates():
+    assert is_extrapolated([1e9, 10e9], 100e6) and not is_extrapolated([1e9, 10e9], 2e9)
+    assert not is_extrapolated([], 100e6)
+
+
+def test_crossover_verdicts_by_interval():
+    assert interval_verdict(1.1, (1e8, 1e10), (2e8, 4e8)).startswith("undecided")
+    assert interval_verdict(1.5, (3e8, 6e8), (2e8, 4e8)).startswith("agrees")
+    assert interval_verdict(3.0, (1e9, 2e9), (2e8, 4e8)) is None  # the ratio decides: disagrees
+    p = profile()
+    iv = crossover_interval(p, "topk", 2, 1e6, 1e11, comm_rel_spread=0.3)
+    assert iv is None or iv[0] <= iv[1]
