@@ -17,6 +17,15 @@ first two measured steps against their last two).
 Targets (issue 13): predicted / measured crossover within 0.75-1.33 for every compressor that crosses inside the
 measured range, "never" where the measurement says never; median per-trial error <= 5 %, worst <= 15 %.
 Needs root. Uses its own cluster name and removes it; results and report go to --out (default: a temporary folder).
+
+Held-out validation (issue 32): `--holdout SEED [--configs N]` draws N configurations from HOLDOUT_SPACE with that
+seed (hosts 2-5, batch 8-64, resnet18/resnet50/bert-base/cnn, 2-4 compressors besides sync SGD, 4-6 rates including
+unshaped), calibrates at every drawn rate (so no prediction is extrapolated), runs each with --repeats, and scores
+median and worst error and the crossover verdicts. The git commit the model was frozen at is recorded with the result
+in HOLDOUT_LEDGER, and a seed already there is refused (a seed is used once; judge a fix on a new one).
+`--dry-run` prints the drawn configurations and an estimate of the wall time, and runs nothing.
+
+    python bench/model_accuracy.py --holdout 7 --configs 8 --repeats 2 --dry-run
 """
 
 from __future__ import annotations
@@ -104,6 +113,104 @@ def warmup_trend(results: Path) -> str:
     return md(pd.DataFrame(rows)) if rows else "(no trial with 4 or more measured steps)"
 
 
+HOLDOUT_SPACE = {
+    "hosts": (2, 5),
+    "batch": (8, 16, 32, 64),
+    "models": ("resnet18", "resnet50", "bert-base", "cnn"),
+    "compressors": ("fp16", "powersgd", "acpsgd", "signsgd", "topk", "mstopk"),
+    "rates": ("100mbit", "200mbit", "300mbit", "500mbit", "1gbit", "2gbit", "3gbit", "5gbit"),
+    "rate_count": (3, 5),  # shaped rates, plus unshaped: 4-6 in all
+}
+HOLDOUT_LEDGER = REPO / "bench" / "holdout_results.jsonl"
+# seconds per iteration on a 2-core machine, per model at batch 32 with 4 co-located ranks (documented runs)
+STEP_S = {"cnn": 0.15, "mlp": 0.02, "resnet18": 1.2, "resnet50": 3.5, "bert-base": 6.0}
+
+
+def draw_configs(seed: int, n: int) -> list[dict]:
+    """N configurations drawn from HOLDOUT_SPACE with `seed` (the same seed draws the same ones)."""
+    import random
+
+    rng, sp = random.Random(seed), HOLDOUT_SPACE
+    out = []
+    for _ in range(n):
+        k = rng.randint(*sp["rate_count"])
+        rates = sorted(rng.sample(sp["rates"], k), key=sp["rates"].index)
+        out.append({"model": rng.choice(sp["models"]), "hosts": rng.randint(*sp["hosts"]),
+                    "batch_size": rng.choice(sp["batch"]),
+                    "compressors": ["syncsgd", *rng.sample(sp["compressors"], rng.randint(2, 4))],
+                    "bw": [*rates, "none"]})  # fmt: skip
+    return out
+
+
+def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int) -> float:
+    """A rough wall time: trials (steps x rates x compressors x repeats, slower at low rates), profiles, calibrations."""
+    step = STEP_S.get(cfg["model"], 1.0) * cfg["batch_size"] / 32 * max(1.0, cfg["hosts"] / 4)
+    trials = len(cfg["bw"]) * len(cfg["compressors"]) * repeats
+    per_trial = 15 + (iters + warmup) * step * 1.5  # start-up, probe, shaping; low rates stretch the steps
+    profile = repeats * (60 + 3 * len(cfg["compressors"]) * max(10, iters) * step)
+    return trials * per_trial + profile + 40 * len(cfg["bw"])
+
+
+def git_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "testbed/perfmodel"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout.strip() + ("+dirty-perfmodel" if dirty.stdout.strip() else "")
+
+
+def used_seeds(ledger: Path = HOLDOUT_LEDGER) -> set[int]:
+    if not ledger.is_file():
+        return set()
+    return {int(json.loads(line)["seed"]) for line in ledger.read_text().splitlines() if line.strip()}
+
+
+def holdout(args: argparse.Namespace) -> int:
+    """Draw, (dry-)run and score the held-out configurations (module docstring)."""
+    configs = draw_configs(args.holdout, args.configs)
+    if args.with_issue_config:  # issue 32's 3-host configuration, which its acceptance needs among the held-out ones
+        configs.insert(0, {"model": "resnet18", "hosts": 3, "batch_size": 16,
+                           "compressors": ["syncsgd", "fp16", "powersgd", "signsgd", "topk"],
+                           "bw": ["100mbit", "300mbit", "1gbit", "3gbit", "none"]})  # fmt: skip
+    iters, repeats = args.iters or 10, args.repeats or 2
+    total = 0.0
+    print(f"# Held-out validation, seed {args.holdout}: {len(configs)} configurations, {iters} iterations, "
+          f"{repeats} repetition(s); model frozen at {git_commit()}\n")
+    for i, c in enumerate(configs):
+        est = estimate_wall_s(c, iters, repeats, args.warmup_iters)
+        total += est
+        print(f"{i + 1}. {c['model']} bs{c['batch_size']}, {c['hosts']} hosts, {','.join(c['compressors'])} at "
+              f"{','.join(c['bw'])} (about {est / 60:.0f} min)")
+    print(f"\nestimated wall time: about {total / 3600:.1f} h on a quiet 2-core machine")
+    if args.dry_run:
+        return 0
+    if args.holdout in used_seeds():
+        raise SystemExit(f"--holdout {args.holdout}: seed already used (in {HOLDOUT_LEDGER}); draw a new one")
+    work = Path(args.out or tempfile.mkdtemp(prefix="model-holdout-"))
+    errors, verdicts = [], []
+    for i, c in enumerate(configs):
+        out = work / f"config{i + 1}"
+        argv = [sys.executable, str(Path(__file__).resolve()), "--models", c["model"], "--hosts", str(c["hosts"]),
+                "--bw", ",".join(c["bw"]), "--compressors", ",".join(c["compressors"]), "--batch-size",
+                str(c["batch_size"]), "--iters", str(iters), "--repeats", str(repeats), "--warmup-iters",
+                str(args.warmup_iters), "--calibrate-bw", ",".join(c["bw"]), "--out", str(out)]  # fmt: skip
+        done = subprocess.run(argv, cwd=REPO, text=True, capture_output=True)
+        (work / f"config{i + 1}.md").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise SystemExit(f"configuration {i + 1} failed: {done.stderr.strip().splitlines()[-1:]}")
+        err = pd.read_csv(out / "report" / "prediction_error.csv")
+        errors += [abs(e) for e in err["error_pct"]]
+        verdicts += [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
+    result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
+              "median_error_pct": statistics.median(errors) if errors else None,
+              "worst_error_pct": max(errors) if errors else None,
+              "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))}, "machine": os.uname().nodename,
+              "cores": os.cpu_count()}  # fmt: skip
+    with HOLDOUT_LEDGER.open("a") as f:
+        f.write(json.dumps(result) + "\n")
+    print(f"\nmedian |error| {result['median_error_pct']:.1f} %, worst {result['worst_error_pct']:.1f} %; "
+          f"crossover verdicts {result['verdicts']}; recorded in {HOLDOUT_LEDGER}; per configuration in {work}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a subset (see the module docstring)")
@@ -123,7 +230,14 @@ def main() -> int:
                     "(default: %(default)s)")
     ap.add_argument("--calibrate-sizes", default="64kb,512kb,4mb,16mb")
     ap.add_argument("--out", help="working directory (default: a temporary one)")
+    ap.add_argument("--holdout", type=int, metavar="SEED", help="held-out validation: draw configurations with SEED")
+    ap.add_argument("--configs", type=int, default=8, help="configurations to draw with --holdout (default 8)")
+    ap.add_argument("--with-issue-config", action="store_true",
+                    help="with --holdout: also run issue 32's 3-host resnet18 bs16 configuration")
+    ap.add_argument("--dry-run", action="store_true", help="with --holdout: print the draw and the wall time only")
     args = ap.parse_args()
+    if args.holdout is not None:
+        return holdout(args)
     base = QUICK if args.quick else FULL
     models = (args.models or base["models"]).split(",")
     hosts = [int(h) for h in (args.hosts or base["hosts"]).split(",")]
