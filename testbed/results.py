@@ -23,13 +23,15 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from testbed.errors import InputError
+
+if TYPE_CHECKING:  # pandas (~0.6 s to import) only when rows are loaded: every CLI command starts without it
+    import pandas as pd
 
 SCHEMA_VERSION = 4  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions; 3: learning;
 # 4: where a trial's wall time goes (wall_*_s) and how DDP's model sync ran (model_sync)
@@ -325,6 +327,8 @@ class ResultsStore:
     def load(self, missing_ok: bool = False, *, all_attempts: bool = False, warn: Warn = warn_stderr) -> pd.DataFrame:
         """The best attempt per trial id (the latest ok attempt, else the latest attempt); every attempt with
         `all_attempts`. Unreadable row files are reported through `warn` and skipped."""
+        import pandas as pd
+
         rows = self.read_rows(warn)
         if not rows:
             if missing_ok:

@@ -37,6 +37,7 @@ from testbed.report.analysis import (
     check_results,
     fit_efficiency_from_trials,
     group_label,
+    hardware_line,
     headline,
     measured_crossover,
     prediction_errors,
@@ -118,6 +119,7 @@ def build_report(
     sp, sp_notes = speedup_table(agg, baseline)
     notes += sp_notes
     head, wins, configs = headline(sp, baseline)
+    head = f"{head} {hardware_line(ok)}"  # what ran the trials, co-location included (issue 32)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     colors = variant_colors(sp["variant"])

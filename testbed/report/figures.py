@@ -165,13 +165,19 @@ def plot_time_vs_bandwidth(
                 else f"{pc.kind} ({pm.rate_text(lo_bps)}..{pm.rate_text(hi_bps)})"
             )
             row["predicted_bps"] = pc.bandwidth_bps
+            if pc.kind == "crossover":  # the rates where the two predictions' intervals overlap (issue 32)
+                row["predicted_range_bps"] = pm.crossover_interval(
+                    prof, base_compressor(v), int(ws), lo_bps, hi_bps, baseline=baseline,
+                    hook_blocks_backward=s.hook_blocks_backward, terms=crossover_terms(int(ws), delay, s),
+                    comm_rel_spread=s.terms(int(ws)).comm_rel_spread)  # fmt: skip
             if pc.bandwidth_bps and grid[0] <= pc.bandwidth_bps <= grid[-1]:
                 ax_t.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
                 ax_s.axvline(pc.bandwidth_bps, color=colors[v], linestyle="--", linewidth=1)
         if is_serial(v):
             row["verdict"] = "n/a (serial)"
         elif measured_range:
-            ratio, verdict = measured_verdict(rates, list(d["speedup"]), ties, (mk, mb), pkind, row["predicted_bps"])
+            ratio, verdict = measured_verdict(rates, list(d["speedup"]), ties, (mk, mb), pkind, row["predicted_bps"],
+                                              row.pop("predicted_range_bps", None))  # fmt: skip
             row["predicted/measured"], row["verdict"] = ratio, verdict
         cx_rows.append(row)
     ax_s.axhline(1.0, color="black", linewidth=1)
