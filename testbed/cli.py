@@ -62,6 +62,8 @@ def _refuse_with_slurm(args: argparse.Namespace) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     shape = shape_from_args(args)
+    if (args.racks is not None or args.uplink is not None) and (args.slurm or args.inventory):
+        raise InputError("--racks/--uplink build emulated racks; lab and Slurm hosts keep their real switches")
     if args.slurm:
         from testbed.cluster.slurm import SlurmCluster
 
@@ -108,6 +110,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             recreate=args.recreate,
             force=args.force,
             gpus=parse_gpus_flag(args.gpus),
+            racks=args.racks,
+            uplink_bps=_uplink_bps(args.uplink),
         )
     verified = _verify(cluster, shape) if args.verify else None
     if args.json:
@@ -120,6 +124,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     )
     _print_hosts(cluster.status())
     return 0
+
+
+def _uplink_bps(text: str | None) -> int | None:
+    """--uplink RATE (0 and none refused: a spine is a rate; leave --uplink out for an unshaped spine)."""
+    if text is None:
+        return None
+    from shaping.units import parse_rate_bps
+
+    if str(text).strip().lower() in ("0", "0bit", "none", "unshaped", ""):
+        raise InputError(f"--uplink {text!r}: expected a rate > 0, e.g. 4gbit (leave --uplink out: an unshaped spine)")
+    return parse_rate_bps(text, "--uplink")
 
 
 def _print_lab_hosts(status: dict, shape: LinkShape | None, title: str | None = None) -> None:
@@ -207,6 +222,8 @@ def _print_hosts(status: dict) -> None:
             *gpu_cell,
         )
     console.print(table)
+    if (status.get("racks") or {}).get("summary"):
+        console.print(f"racks: {status['racks']['summary']}", markup=False)
 
 
 def _classifier_text(host: dict, link: dict) -> str:
@@ -467,6 +484,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--gpus", help="emulated hosts: this machine's GPUs to share out among the hosts: all, none "
                    "(default) or indices 0,1,... (each host gets CUDA_VISIBLE_DEVICES and its own NCCL host id)")
     p.add_argument("--verify", action="store_true", help="probe h0->h1 with iperf3 after shaping")
+    p.add_argument("--racks", type=int, help="emulated hosts: this many racks (a switch each, joined through a spine; "
+                   "must divide --hosts)")
+    p.add_argument("--uplink", help="emulated racks: each rack's spine link, shaped both directions, e.g. 4gbit")
     p.add_argument("--inventory", help="Ansible inventory of lab hosts (instead of emulated hosts)")
     p.add_argument("--accept-new-host-keys", action="store_true",
                    help="lab: trust unknown SSH host keys on first use and record them (a changed key is still refused)")

@@ -26,6 +26,7 @@ from shaping.units import (
     parse_time_s,
     rate_or_unshaped,
 )
+from testbed import trial_shape
 from testbed.errors import InputError
 
 MODELS = catalog.MODEL_NAMES
@@ -131,6 +132,11 @@ class Trial:
     target_accuracy: float | None = None  # stop at this test accuracy, in (0, 1]
     max_steps: int | None = None  # training steps in all (warm-up included); default warmup_iters + iters
     lr: float | None = None  # None: the runner's default (runners.contract.RankArgs.lr)
+    # cluster shapes (issue 36, testbed/trial_shape.py): left out of the id at their defaults (ids of older trials)
+    host_rates: tuple[tuple[str, int | None], ...] = ()  # (host, rate_bps | None) over rate_bps: --host-bw h2=1gbit
+    cross_traffic: int = 0  # bulk iperf3 TCP flows (both directions) for the length of the trial
+    jitter_s: float = 0.0  # netem, like delay_s (needs sch_netem)
+    loss_pct: float = 0.0
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:
@@ -155,6 +161,7 @@ class Trial:
         check_placement(self)
         check_learning(self)
         check_observation(self)
+        trial_shape.check_trial_shape(self)
         check_compressor(self.compressor, dict(self.options))
         if self.plugin_path is not None:
             if not catalog.is_plugin_spec(self.compressor):
@@ -172,7 +179,7 @@ class Trial:
     def shape(self) -> LinkShape | None:
         if self.rate_bps is None:
             return None
-        return LinkShape(self.rate_bps, self.burst_bytes, self.qdisc, self.delay_s)
+        return LinkShape(self.rate_bps, self.burst_bytes, self.qdisc, self.delay_s, self.jitter_s, self.loss_pct)
 
     @property
     def option_dict(self) -> dict[str, Any]:
@@ -188,6 +195,11 @@ class Trial:
         for key, default in LEARNING_DEFAULTS.items():  # synthetic trials keep the ids they had before issue 33
             if d[key] == default:
                 del d[key]
+        for key, default in trial_shape.SHAPE_DEFAULTS.items():  # and flat, quiet trials the ids before issue 36
+            if d[key] == default:
+                del d[key]
+        if "host_rates" in d:
+            d["host_rates"] = dict(self.host_rates)
         return d
 
     @property
@@ -203,7 +215,8 @@ class Trial:
         rate = rate_or_unshaped(self.rate_bps)
         opts = "".join(f" {k}={v}" for k, v in self.options)
         data = "" if self.data == catalog.DEFAULT_DATA else f" on {self.data}"
-        return f"{self.compressor}{opts} @ {rate}, {self.world_size} ranks, {self.model} bs{self.batch_size}{data}"
+        shape = trial_shape.label(self)
+        return f"{self.compressor}{opts} @ {rate}{shape}, {self.world_size} ranks, {self.model} bs{self.batch_size}{data}"
 
 
 LEARNING_DEFAULTS = {"data": catalog.DEFAULT_DATA, "eval_every": None, "target_accuracy": None, "max_steps": None,

@@ -29,7 +29,7 @@ from typing import Any
 import testbed
 from runners.contract import SUMMARY_ACCURACY, SUMMARY_ENV_KEYS, SUMMARY_METRICS
 from shaping.plan import ideal_goodput_bps
-from testbed import launch_plan
+from testbed import cross_traffic, launch_plan, trial_shape
 from testbed.cluster import registry
 from testbed.config import Trial
 from testbed.errors import LaunchError, TestbedError
@@ -154,6 +154,8 @@ def run_trial(
     rank_out = cluster.rank_out_dir(out_dir, trial.trial_id)
     plan = make_plan(cluster, trial, rank_out, timeout_s=timeout_s, user_env=user_env)
     row = base_row(cluster, trial, started, plan)
+    row.update(trial_shape.row_fields(cluster, trial),
+               cross_traffic_pairs=cross_traffic.describe(list(plan.hosts), trial.cross_traffic) or None)
     if plugin is not None:
         from testbed.plugins import row_fields
 
@@ -162,7 +164,7 @@ def run_trial(
     attempt = store.reserved_attempt(trial.trial_id)
     used = list(plan.hosts)
     configured = cluster.recorded_shape()
-    procs = []
+    procs, cross = [], []
     # what the next command on this cluster needs to finish the trial if this process is killed (SIGKILL)
     note = {"row": row, "out": str(store.root), "attempt": attempt, "hosts": [h.name for h in hosts],
             "shape_before": configured.to_dict() if configured else None, "processes": [],
@@ -179,10 +181,9 @@ def run_trial(
         say("shaping")
         if STOP.is_set():
             raise TrialFailed(_stop_message(), status="interrupted")
-        if trial.shape is not None:
-            cluster.apply_shaping(trial.shape, hosts)
-        else:
-            cluster.clear_shaping(hosts)
+        trial_shape.apply(cluster, trial, hosts)  # the trial's rate, each --host-bw host at its own
+        cross = cross_traffic.start(cluster, used, trial.cross_traffic, duration_s=timeout_s + 60,
+                                    log_dir=out_dir / "logs", on_start=remember)  # fmt: skip
         if probe and len(used) >= 2:
             from testbed.probe import probe_pair
 
@@ -213,7 +214,7 @@ def run_trial(
         row["status"], row["error"] = "interrupted", _stop_message()
         raise
     finally:
-        problems = end_trial(cluster, procs, configured, hosts, say)
+        problems = cross_traffic.stop(cross) + end_trial(cluster, procs, configured, hosts, say)
         if problems:
             row["error"] = "; ".join([row["error"] or "", *problems]).lstrip("; ")
         row["wall_s"] = time.monotonic() - t0

@@ -33,8 +33,8 @@ from testbed.errors import InputError
 if TYPE_CHECKING:  # pandas (~0.6 s to import) only when rows are loaded: every CLI command starts without it
     import pandas as pd
 
-SCHEMA_VERSION = 4  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions; 3: learning;
-# 4: where a trial's wall time goes (wall_*_s) and how DDP's model sync ran (model_sync)
+SCHEMA_VERSION = 5  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions; 3: learning;
+# 4: where a trial's wall time goes (wall_*_s) and how DDP's model sync ran (model_sync); 5: cluster shapes (issue 36)
 
 # name -> pyarrow type; the order is the column order of the store
 COLUMNS: dict[str, pa.DataType] = {
@@ -50,7 +50,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "wall_probe_s": pa.float64(),  # the iperf3 check (0 with --no-probe)
     "wall_ranks_s": pa.float64(),  # the ranks' start to their exit
     "wall_teardown_s": pa.float64(),  # fetching records, ending the ranks, restoring the shaping
-    "wall_rank_start_s": pa.float64(),  # rank 0: process created to model built (interpreter, torch, rendezvous)
+    "wall_rank_start_s": pa.float64(),  # rank 0: process created to every rank ready with its model (a barrier)
     "wall_model_sync_s": pa.float64(),  # rank 0: DDP's construction (the model broadcast, or the checksum)
     "wall_warmup_s": pa.float64(),  # rank 0: the warm-up steps
     "wall_measured_s": pa.float64(),  # rank 0: the measured steps
@@ -64,6 +64,16 @@ COLUMNS: dict[str, pa.DataType] = {
     "burst_bytes": pa.int64(),
     "qdisc": pa.string(),
     "delay_s": pa.float64(),
+    # cluster shapes (schema 5, issue 36; null in older rows): testbed/trial_shape.py, testbed/cross_traffic.py
+    "jitter_s": pa.float64(),  # netem delay variation
+    "loss_pct": pa.float64(),  # netem packet loss
+    "host_rates": pa.string(),  # JSON {host: rate_bps or null}: --host-bw links over rate_bps (null: none)
+    "min_host_rate_bps": pa.int64(),  # the slowest host link of the trial (0: every link unshaped)
+    "cross_traffic": pa.int32(),  # bulk iperf3 --bidir flows running for the trial's length
+    "cross_traffic_pairs": pa.string(),  # their host pairs, e.g. "h0<->h2,h1<->h3"
+    "racks": pa.int32(),  # racks of the cluster (1: one switch)
+    "uplink_bps": pa.int64(),  # each rack's spine link (null: no racks or an unshaped spine)
+    "oversubscription": pa.float64(),  # the worst rack's host rates over its uplink
     "measured_goodput_bps": pa.float64(),  # iperf3 probe right before the trial
     "probe_duration_s": pa.float64(),  # that probe's length (null: not probed)
     "probe_streams": pa.int32(),  # and its TCP streams (one iperf3 process each before iperf3 3.16)

@@ -14,6 +14,7 @@ from rich.table import Table
 from runners import catalog
 from runners.contract import TRAINING_DEFAULTS, RankArgs
 from shaping.units import format_rate, format_size, rate_or_unshaped
+from testbed import trial_shape
 from testbed.cli_common import add_json, add_name, console, print_json
 from testbed.cluster import backends, registry
 from testbed.config import (
@@ -246,7 +247,17 @@ def _common(args: argparse.Namespace) -> dict[str, Any]:
         runner=args.runner_module,
         burst_bytes=parse_size_bytes(burst, "--burst") if burst is not None else None,
         **{key: value(key) for key in LEARNING_DEFAULTS},
+        **trial_shape.from_args(args),
     )
+
+
+def _netem_probe(cluster):
+    """The local cluster's netem probe (its hosts share this kernel); other backends' host tool checks it itself."""
+    if cluster.backend != "local":
+        return None
+    from testbed.cluster.topology import netem_available
+
+    return netem_available
 
 
 def _check_timeout(timeout_s: float) -> float:
@@ -328,6 +339,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cluster = _cluster_for(args, trial.world_size)
     # backend, ranks per host and world size made concrete for this cluster's hosts (exit 2 if they cannot run it)
     trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
+    trial_shape.check_on_cluster([trial], cluster, _netem_probe(cluster))  # --host-bw hosts, netem: exit 2
     if args.dry_run:  # what would start: nothing is shaped, started or stored
         from pathlib import Path
 
@@ -445,6 +457,7 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
                   if k not in OBSERVATION_FIELDS and getattr(args, k) is not None]  # fmt: skip
         given += [OPTION_FLAGS[k][0] for k in _options(args)]
         given += [f for f, v in (("--opt", args.opt), ("--plugin-path", args.plugin_path)) if v is not None]
+        given += trial_shape.given_flags(args)
         if given:
             raise InputError(
                 f"{', '.join(given)} with --config: the sweep file sets the grid and the trial settings, so the "
@@ -458,7 +471,7 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
             import dataclasses
 
             trials = [dataclasses.replace(t, **observe) for t in trials]
-        return _with_seeds(args, trials)
+        return _with_seeds(args, trial_shape.stragglers_from_args(args, trials))
     if not (args.bw is not None and args.compressor is not None and args.world_size is not None):
         raise InputError("sweep needs --config FILE, or --bw, --compressor and --world-size lists")
     try:
@@ -490,8 +503,9 @@ def _sweep_trials(args: argparse.Namespace) -> list[Trial]:
     plugin_path = _plugin_path(args)
     if plugin_path is not None and not plugins_in_grid:
         raise InputError(f"--plugin-path applies to MODULE:FACTORY compressors; --compressor {args.compressor} has none")
-    return _with_seeds(args, expand(parse_rates(parse_list(args.bw, "--bw")), compressors, sizes, options=options,
-                                    plugin_path=plugin_path, **_common(args)))  # fmt: skip
+    grid = expand(parse_rates(parse_list(args.bw, "--bw")), compressors, sizes, options=options,
+                  plugin_path=plugin_path, **_common(args))  # fmt: skip
+    return _with_seeds(args, trial_shape.stragglers_from_args(args, grid))
 
 
 def _with_seeds(args: argparse.Namespace, trials: list[Trial]) -> list[Trial]:
@@ -551,6 +565,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     # concrete backend and ranks per host for these hosts (their trial ids are what the store holds); every trial
     # of the grid must fit before the first one starts
     trials = list(dict.fromkeys(launch_plan.resolve(t, hosts) for t in trials))
+    trial_shape.check_on_cluster(trials, cluster, _netem_probe(cluster))  # --host-bw hosts, netem: exit 2
     done = store.stored_ids("ok")
     todo = [t for t in trials if t.trial_id not in done]
     eta = _eta_text(store, len(todo), args.timeout)
@@ -692,6 +707,7 @@ def add_commands(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the launch plan (hosts, ranks, argv, environment) "
                    "as JSON and start nothing; a MODULE:FACTORY plugin is located, never imported")  # fmt: skip
     add_trial_flags(p)
+    trial_shape.add_flags(p)
     p.add_argument(
         "--rerun",
         action="store_true",
@@ -715,6 +731,7 @@ def add_commands(sub) -> None:
         "--yes", action="store_true", help=f"start a grid of more than {CONFIRM_GRID_ABOVE} trials (the ETA is printed)"
     )
     add_trial_flags(p, sweep=True)
+    trial_shape.add_flags(p, sweep=True)
     add_wait_flag(p)
     p.set_defaults(func=cmd_sweep)
 

@@ -27,7 +27,7 @@ from pyroute2 import IPRoute, netns
 
 from shaping import tc
 from shaping.plan import LinkShape
-from testbed.cluster import registry
+from testbed.cluster import registry, topology
 from testbed.cluster.base import Cluster, Host, RankProcess
 from testbed.cluster.netns_exec import argv_in_namespace
 from testbed.errors import ClusterError, InputError, PermissionDenied
@@ -205,20 +205,26 @@ class LocalCluster(Cluster):
         recreate: bool = False,
         force: bool = False,
         gpus: list[int] | None = None,
+        racks: int | None = None,
+        uplink_bps: int | None = None,
     ) -> tuple[LocalCluster, bool]:
         """Bring the cluster up; returns (cluster, created). An identical existing cluster is returned as is.
-        `gpus`: this machine's CUDA device indices to share out among the hosts (see `assign_gpus`)."""
+        `gpus`: this machine's CUDA device indices to share out among the hosts (see `assign_gpus`).
+        `racks`, `uplink_bps`: hosts in racks joined through a spine shaped at the uplink rate (cluster/topology.py)."""
         registry.check_name(name)
         net = _check_subnet(subnet, n_hosts)
+        n_racks = topology.check_racks(n_hosts, racks, uplink_bps)
+        rack_info = topology.racks_record(name, n_hosts, n_racks, uplink_bps)
+        host_rack = {h: j for j, m in enumerate(rack_info["members"]) for h in m} if rack_info else {}
         per_host = assign_gpus(gpus or [], n_hosts)
         require_root()
         with registry.locked(name):
             existing = registry.load_record(name)
             wanted = {"hosts": n_hosts, "subnet": str(net), "shape": shape.to_dict() if shape else None,
-                      "gpus": per_host}  # fmt: skip
+                      "gpus": per_host, "racks": rack_info}  # fmt: skip
             if existing is not None and not recreate:
                 have = {"hosts": len(existing["hosts"]), "subnet": existing["subnet"], "shape": existing.get("shape"),
-                        "gpus": [h.get("gpus", []) for h in existing["hosts"]]}  # fmt: skip
+                        "gpus": [h.get("gpus", []) for h in existing["hosts"]], "racks": existing.get("racks")}  # fmt: skip
                 if existing.get("backend") != "local":
                     raise InputError(f"cluster {name!r} is a {existing.get('backend')} cluster; use another --name")
                 if have == wanted and all(n in netns.listnetns() for n in existing["namespaces"]):
@@ -234,7 +240,9 @@ class LocalCluster(Cluster):
                 "backend": "local",
                 "subnet": str(net),
                 "shape": wanted["shape"],
-                "namespaces": [switch_ns(name)] + [host_ns(name, i) for i in range(n_hosts)],
+                "namespaces": [switch_ns(name), *(rack_info or {}).get("namespaces", [])]
+                + [host_ns(name, i) for i in range(n_hosts)],
+                "racks": rack_info,
                 "hosts": [
                     {
                         "name": f"h{i}",
@@ -242,6 +250,7 @@ class LocalCluster(Cluster):
                         "data_iface": DATA_IFACE,
                         "netns": host_ns(name, i),
                         "switch_port": f"h{i}",
+                        "switch_netns": topology.rack_ns(name, host_rack[f"h{i}"]) if rack_info else switch_ns(name),
                         "gpus": per_host[i],
                     }
                     for i in range(n_hosts)
@@ -256,6 +265,7 @@ class LocalCluster(Cluster):
             registry.note_building(name, record["namespaces"])
             try:
                 _build(record, net.prefixlen)
+                topology.shape_uplinks(record, switch_ns(name))
                 cluster = cls(record)
                 if shape is not None:
                     cluster.apply_shaping(shape, force=force)
@@ -339,8 +349,13 @@ class LocalCluster(Cluster):
         out = []
         for h in hosts or self.hosts():
             out.append((h, "upload", h.netns, DATA_IFACE))
-            out.append((h, "download", switch_ns(self.name), h.name))
+            out.append((h, "download", self._switch_side(h), h.name))
         return out
+
+    def _switch_side(self, host: Host) -> str:
+        """The namespace of the switch port a host's veth joins: its rack's switch, or the one switch."""
+        entry = next((h for h in self.record["hosts"] if h["name"] == host.name), {})
+        return entry.get("switch_netns") or switch_ns(self.name)
 
     def apply_shaping(self, shape: LinkShape, hosts: list[Host] | None = None, *, force: bool = False) -> list[dict]:
         """Shape both directions of every (or the given) host's link; all-or-nothing."""
@@ -404,7 +419,16 @@ class LocalCluster(Cluster):
             "switch_netns": switch_ns(self.name),
             "shape": self.record.get("shape"),
             "hosts": hosts,
+            **self._racks_status(),
         }
+
+    def _racks_status(self) -> dict[str, Any]:
+        if not self.record.get("racks"):
+            return {}
+        rate = (self.record.get("shape") or {}).get("rate_bps")
+        return {"racks": {**self.record["racks"], "oversubscription": topology.oversubscription(self.record, rate),
+                          "summary": topology.describe(self.record, rate),
+                          "uplinks": topology.uplink_status(self.record, switch_ns(self.name))}}  # fmt: skip
 
 
 CODE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds testbed/, runners/ and shaping/
@@ -451,11 +475,14 @@ def _build(record: dict[str, Any], prefixlen: int) -> None:
         ipr.link("add", ifname=BRIDGE, kind="bridge")
         br = ipr.link_lookup(ifname=BRIDGE)[0]
         ipr.link("set", index=br, state="up")
-        for h in record["hosts"]:
-            netns.create(h["netns"])
+        if record.get("racks"):
+            topology.build_racks(ipr, record, mark)
+    for h in record["hosts"]:
+        netns.create(h["netns"])
+        with IPRoute(netns=h.get("switch_netns") or sw) as ipr:  # the host's rack switch, or the one switch
             ipr.link("add", ifname=h["switch_port"], kind="veth", peer={"ifname": DATA_IFACE, "net_ns_fd": h["netns"]})
             port = ipr.link_lookup(ifname=h["switch_port"])[0]
-            ipr.link("set", index=port, master=br, state="up")
+            ipr.link("set", index=port, master=ipr.link_lookup(ifname=BRIDGE)[0], state="up")
             with IPRoute(netns=h["netns"]) as hipr:
                 hipr.link("set", index=hipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
                 eth = hipr.link_lookup(ifname=DATA_IFACE)[0]

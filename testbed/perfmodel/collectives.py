@@ -140,3 +140,117 @@ def collective_contention_s(collective: str, n_bytes: float, rounds: int, net: N
     else:
         steps, wire = (p - 1) * rounds, (p - 1) * n_bytes
     return steps * net.contention_latency_s + wire * net.contention_s_per_wire_byte
+
+
+# --------------------------------------------------------------------------------------------- the cluster's shape
+@dataclass(frozen=True)
+class Layout:
+    """The links a ring crosses, host by host in ring order (rank order follows host order):
+
+    - `host_rates_bps[i]`: host i's link rate, the same in both directions (None: unshaped);
+    - `rack_of[i]`: host i's rack (empty: one switch); `uplink_bps`: each rack's spine link, each direction
+      (None: unshaped);
+    - `cross_flows[i]`: bulk TCP flows of cross traffic on host i's link, each direction (iperf3 --bidir);
+      `spine_cross_flows[r]`: those that also cross rack r's uplink, each direction.
+
+    A link shared by k other TCP flows leaves the ring's one flow 1/(k+1) of it (TCP's fair share)."""
+
+    host_rates_bps: tuple[float | None, ...]
+    rack_of: tuple[int, ...] = ()
+    uplink_bps: float | None = None
+    cross_flows: tuple[int, ...] = ()
+    spine_cross_flows: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = len(self.host_rates_bps)
+        if n < 1:
+            raise InputError("a layout needs at least one host")
+        for r in (*self.host_rates_bps, self.uplink_bps):
+            if r is not None and not (r > 0 and math.isfinite(r)):
+                raise InputError(f"link rate {r!r} bit/s: expected a positive finite rate (None: unshaped)")
+        for name, seq in (("rack_of", self.rack_of), ("cross_flows", self.cross_flows)):
+            if seq and len(seq) != n:
+                raise InputError(f"{name}: {len(seq)} entries for {n} hosts")
+        if any(k < 0 for k in (*self.cross_flows, *self.spine_cross_flows)):
+            raise InputError("cross-traffic flows: expected counts >= 0")
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """The link that bounds a ring's step: its rate left for the ring (bit/s; inf: nothing shaped) and its name."""
+
+    rate_bps: float
+    link: str
+
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.rate_bps)
+
+
+def _fmt_rate(bps: float) -> str:
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.3g} {unit}"
+    return f"{bps:.3g} bit/s"
+
+
+def ring_bottleneck(layout: Layout) -> Bottleneck:
+    """The slowest edge of the ring h0 -> h1 -> ... -> h(n-1) -> h0. Every ring step sends one chunk on every edge at
+    once, so each step (all-reduce and all-gather alike) lasts as long as its slowest edge:
+
+        edge i -> j   min( B_i / (1 + x_i),  B_j / (1 + x_j),  [racks differ]  U / (e_out(a) + y_a),  U / (e_in(b) + y_b) )
+
+    B_i host i's rate, x_i cross flows on its link, U the uplink rate, e_out(a) / e_in(b) the ring edges leaving rack a
+    / entering rack b in the same step (they share the spine), y_r cross flows over rack r's uplink. Ties name the
+    host link (the spine is named only when it is strictly slower)."""
+    rates = layout.host_rates_bps
+    n = len(rates)
+    if n <= 1:
+        return Bottleneck(math.inf, "none (one host)")
+    flows = layout.cross_flows or (0,) * n
+    racks = layout.rack_of or (0,) * n
+    spine_flows = layout.spine_cross_flows
+    edges = [(i, (i + 1) % n) for i in range(n)]
+    out_of: dict[int, int] = {}
+    into: dict[int, int] = {}
+    for i, j in edges:
+        if racks[i] != racks[j]:
+            out_of[racks[i]] = out_of.get(racks[i], 0) + 1
+            into[racks[j]] = into.get(racks[j], 0) + 1
+    best = Bottleneck(math.inf, "unshaped")
+    for i, j in edges:
+        for h in (i, j):
+            if rates[h] is not None:
+                share = rates[h] / (1 + flows[h])
+                if share < best.rate_bps:
+                    shared = f", shared with {flows[h]} cross-traffic flow{'s' * (flows[h] != 1)}" if flows[h] else ""
+                    best = Bottleneck(share, f"h{h} link ({_fmt_rate(rates[h])}{shared})")
+        if racks[i] != racks[j] and layout.uplink_bps is not None:
+            for rack, steps in ((racks[i], out_of[racks[i]]), (racks[j], into[racks[j]])):
+                y = spine_flows[rack] if rack < len(spine_flows) else 0
+                share = layout.uplink_bps / (steps + y)
+                if share < best.rate_bps:
+                    extra = f" and {y} cross-traffic flow{'s' * (y != 1)}" if y else ""
+                    best = Bottleneck(
+                        share,
+                        f"spine uplink of rack {rack} ({_fmt_rate(layout.uplink_bps)} shared by {steps} ring "
+                        f"step{'s' * (steps != 1)}{extra})",
+                    )
+    return best
+
+
+def collective_bottlenecks(layout: Layout) -> dict[str, Bottleneck]:
+    """The bounding link of each collective: ring all-reduce and ring all-gather cross the same edges each step."""
+    b = ring_bottleneck(layout)
+    return {c: b for c in COLLECTIVES}
+
+
+def shaped_network(net: Network, layout: Layout) -> tuple[Network, Bottleneck]:
+    """`net` with its bandwidth set to what the layout's bottleneck leaves the ring (unchanged when nothing in the
+    layout is shaped, or when `net` is already slower), and that bottleneck."""
+    import dataclasses
+
+    b = ring_bottleneck(layout)
+    if not b.bounded or b.rate_bps > net.bandwidth_bps:
+        return net, Bottleneck(net.bandwidth_bps, "every host link (flat)")
+    return dataclasses.replace(net, bandwidth_bps=float(b.rate_bps)), b
