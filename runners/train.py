@@ -390,7 +390,7 @@ def model_sync_mode(module, device) -> str:
 
     h = hashlib.sha256()
     for t in [*module.parameters(), *module.buffers()]:
-        h.update(t.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())  # 0-d too
     mine = torch.tensor([int.from_bytes(h.digest()[:8], "little", signed=True)], dtype=torch.int64, device=device)
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
