@@ -20,6 +20,7 @@ from pathlib import Path
 
 from shaping.plan import LinkShape
 from shaping.units import format_rate, parse_rate_bps
+from testbed import ranks
 from testbed.cluster.local import LocalCluster
 from testbed.config import Trial
 from testbed.launch import make_plan, run_trial
@@ -35,15 +36,12 @@ def busbw(cluster: LocalCluster, world_size: int, rate_bps: int, size_bytes: int
     # the placement and allowlisted environment a gloo trial's ranks get (not this shell's environment)
     trial = Trial("syncsgd", rate_bps, world_size, backend="gloo", ranks_per_host=1, cluster=cluster.name)
     plan = make_plan(cluster, trial, logs, timeout_s=600)
-    procs = [cluster.start(r.host, [sys.executable, str(BENCH_DIR / "allreduce_rank.py"), "--bytes", str(size_bytes),
-                                    "--reps", str(reps)], env=dict(r.env), log_path=logs / f"r{r.rank}.log")
-             for r in plan.ranks]  # fmt: skip
-    try:
-        for p in procs:
-            p.wait(600)
-    finally:
-        for p in procs:
-            p.kill_group()
+    starts = [ranks.Rank(r.host, [sys.executable, str(BENCH_DIR / "allreduce_rank.py"), "--bytes", str(size_bytes),
+                                  "--reps", str(reps)], r.env, logs / f"r{r.rank}.log") for r in plan.ranks]  # fmt: skip
+    with ranks.running(cluster, starts) as procs:
+        watched = ranks.watch(procs, deadline=time.monotonic() + 600)
+    if not watched.ok:
+        raise RuntimeError(f"all-reduce ranks ended with {list(watched.codes)} (logs in {logs})")
     line = [x for x in (logs / "r0.log").read_text().splitlines() if x.startswith("{")][-1]
     return json.loads(line)
 

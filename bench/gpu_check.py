@@ -53,9 +53,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), *sorted(glob.glob(str(REPO / ".gpu-wheels" / "*.whl")))]
 
-from testbed.cluster.base import RankProcess  # noqa: E402  (after the path: no pyroute2, no torch)
+from testbed.ranks import ThisMachine  # noqa: E402  (after the path: no pyroute2, no torch)
 
 NAME = "gpuchk"
+LOOPBACK_STARTER = ThisMachine(grace_s=3.0)  # the loopback fallback's ranks: SIGTERM, 3 s, then SIGKILL
 RESERVE_S = 20.0  # kept back from every stage: removing the cluster and writing the tarball
 PREFLIGHT_S = 90.0
 TRIAL_S = 120.0
@@ -305,36 +306,7 @@ class LoopbackCluster:
             env["PYTHONPATH"] = ":".join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
             if argv[1:2] not in (["-P"], ["-I"]):
                 argv.insert(1, "-P")
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(argv, env=env, cwd=workdir or log_path.parent.absolute(), stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-        return LoopbackRank(host, popen, log_path)
-
-
-class LoopbackRank(RankProcess):
-    def __init__(self, host, popen: subprocess.Popen, log_path: Path) -> None:
-        self.host, self.popen, self.log_path = host, popen, log_path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def poll(self):
-        return self.popen.poll()
-
-    def wait(self, timeout_s=None):
-        return self.popen.wait(timeout_s)
-
-    def kill_group(self, grace_s: float = 3.0) -> None:
-        if self.popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(grace_s)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(grace_s)
+        return LOOPBACK_STARTER.start(host, argv, env=env, log_path=log_path, workdir=workdir)
 
 
 # ------------------------------------------------------------------------------------------------ collectives
@@ -349,18 +321,21 @@ def allreduce_ranks(cluster, backend: str, work: Path, size_bytes: int, reps: in
     trial = Trial("syncsgd", None, 2, backend=backend, ranks_per_host=1, cluster=cluster.name)
     work.mkdir(parents=True, exist_ok=True)
     plan = make_plan(cluster, trial, work, timeout_s=timeout_s)
-    procs = []
+    from testbed import ranks
+
+    starts = []
+    for r in plan.ranks:
+        argv = [sys.executable, str(REPO / "bench" / "allreduce_rank.py"), "--backend", backend, "--bytes",
+                str(size_bytes), "--reps", str(reps), "--iface", r.host.data_iface, "--timeout-s",
+                str(max(30, int(timeout_s)))]  # fmt: skip
+        if fail_rank == r.rank:
+            argv.append("--fail-at-init")
+        starts.append(ranks.Rank(r.host, argv, r.env, work / "logs" / r.log_name))
+    procs: list = []
     try:
-        for r in plan.ranks:
-            argv = [sys.executable, str(REPO / "bench" / "allreduce_rank.py"), "--backend", backend, "--bytes",
-                    str(size_bytes), "--reps", str(reps), "--iface", r.host.data_iface, "--timeout-s",
-                    str(max(30, int(timeout_s)))]  # fmt: skip
-            if fail_rank == r.rank:
-                argv.append("--fail-at-init")
-            procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=work / "logs" / r.log_name))
+        ranks.start(cluster, starts, into=procs)
     except BaseException:
-        for p in procs:
-            p.kill_group()
+        ranks.end(procs)
         raise
     return procs, work
 
@@ -369,6 +344,7 @@ def run_allreduce(cluster, backend: str, work: Path, size_bytes: int, reps: int,
                   what: str, fail_rank: int | None = None, later: bool = False) -> tuple[dict | None, str]:  # fmt: skip
     """Run the 2 ranks to the end or the first failure (watch_ranks: a rank that exits non-zero ends it at once);
     returns (rank 0's JSON line, '') or (None, the reason), printing both ranks' log tails on failure."""
+    from testbed import ranks
     from testbed.launch import TrialFailed, watch_ranks
 
     t0 = time.monotonic()
@@ -384,8 +360,7 @@ def run_allreduce(cluster, backend: str, work: Path, size_bytes: int, reps: int,
         out.tails(what, [folder / "logs" / "rank0.log", folder / "logs" / "rank1.log"], later)
         return None, reason
     finally:
-        for p in procs:
-            p.kill_group()
+        ranks.end(procs)
     lines = [x for x in (folder / "logs" / "rank0.log").read_text(errors="replace").splitlines() if x.startswith("{")]
     if not lines:
         out.tails(what, [folder / "logs" / "rank0.log", folder / "logs" / "rank1.log"], later)

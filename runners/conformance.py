@@ -18,7 +18,6 @@ What it records (the controller, testbed/conformance.py, turns it into one line 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import json
@@ -49,17 +48,13 @@ def _hash_params(module) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="conformance")
-    p.add_argument("--spec", required=True)
-    p.add_argument("--opt", action="append", default=[])
-    p.add_argument("--store", required=True)
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world-size", type=int, required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--steps", type=int, default=4, help="steps after the compressor's warm-up")
-    p.add_argument("--collective-timeout-s", type=float, default=20.0)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    from runners.contract import ConformanceArgs, ContractError
+
+    try:
+        args = ConformanceArgs.from_argv(sys.argv[1:] if argv is None else list(argv))
+    except ContractError as e:
+        print(f"conformance: error: {e}", file=sys.stderr)
+        return 2
     rank, out = args.rank, args.out
     _stage(out, rank, "starting")
 
@@ -81,13 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from runners import compressors
-    from runners.contract import parse_value
 
     torch.set_num_threads(1)
-    options = {}
-    for item in args.opt:
-        key, _, value = item.partition("=")
-        options[key] = parse_value(value)
+    options = args.option_dict()
     if args.spec == "syncsgd" and "builtin" not in options:
         options["builtin"] = False  # check the Python hook (builtin: DDP's C++ all-reduce, no hook to check)
     try:

@@ -381,3 +381,132 @@ class CollBenchArgs:
         if not (args.timeout_s > 0 and math.isfinite(args.timeout_s)):
             raise ContractError(f"--timeout-s {args.timeout_s}: expected a finite number > 0")
         return args
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileArgs:
+    """The command line of ``python -m runners.profile`` (one process of `testbed profile`; with ``lockstep_rank``
+    one of the ``--colocated`` processes on a file-store gloo group), built by the controller (testbed/modelling.py)
+    and parsed by the process, like ``RankArgs``. ``options`` are the compressors' options by name; ``opt`` adds
+    ``NAME.KEY=VALUE`` items typed by hand (``--opt powersgd.rank=4``)."""
+
+    model: str
+    batch_size: int
+    out: str
+    compressors: tuple[str, ...] = ("syncsgd",)
+    options: Mapping[str, Mapping[str, Any]] | None = None
+    iters: int = 5
+    bucket_cap_mb: float = 25.0
+    threads: int = 0
+    device: str = "cpu"
+    image_size: int | None = None  # None: the catalogue's default
+    seq_len: int | None = None
+    lockstep_rank: int | None = None
+    lockstep_world: int = 0
+    init_method: str = ""
+
+    def to_argv(self) -> list[str]:
+        argv = ["--model", self.model, "--batch-size", str(self.batch_size), "--compressors", ",".join(self.compressors),
+                "--iters", str(self.iters), "--bucket-cap-mb", str(self.bucket_cap_mb), "--threads", str(self.threads),
+                "--device", self.device]  # fmt: skip
+        if self.lockstep_world:
+            argv += ["--lockstep-world", str(self.lockstep_world), "--init-method", self.init_method]
+        argv += ["--out", self.out]
+        if self.image_size:
+            argv += ["--image-size", str(self.image_size)]
+        if self.seq_len:
+            argv += ["--seq-len", str(self.seq_len)]
+        if self.options:
+            argv += ["--options-json", json.dumps(self.options)]
+        if self.lockstep_rank is not None:
+            argv += ["--lockstep-rank", str(self.lockstep_rank)]
+        return argv
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> ProfileArgs:
+        """Parse; raises ContractError with one line (the process exits 2)."""
+        p = _Parser(prog="profile", description="Profile a model and compressors on one rank.")
+        p.add_argument("--model", required=True)
+        p.add_argument("--batch-size", type=int, required=True)
+        p.add_argument("--compressors", default="syncsgd", help="comma-separated names")
+        p.add_argument("--opt", action="append", default=[], metavar="NAME.KEY=VALUE",
+                       help="compressor option, e.g. --opt powersgd.rank=4")  # fmt: skip
+        p.add_argument("--image-size", type=int, default=catalog.DEFAULT_IMAGE_SIZE)
+        p.add_argument("--seq-len", type=int, default=catalog.DEFAULT_SEQ_LEN)
+        p.add_argument("--iters", type=int, default=5)
+        p.add_argument("--bucket-cap-mb", type=float, default=25)
+        p.add_argument("--device", default="cpu")
+        p.add_argument("--out", required=True, help="JSON file to write (with --lockstep-rank, rank 0 writes it)")
+        p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+        p.add_argument("--options-json", default="", help="compressor options as JSON ({name: {key: value}})")
+        p.add_argument("--lockstep-rank", type=int, default=None, help="this process's rank of a co-located profile")
+        p.add_argument("--lockstep-world", type=int, default=0, help="processes of the co-located profile")
+        p.add_argument("--init-method", default="", help="the co-located profile's rendezvous (file://PATH)")
+        ns = p.parse_args(argv)
+        options: dict[str, dict[str, Any]] = {}
+        for item in ns.opt:
+            key, sep, value = item.partition("=")
+            name, dot, opt = key.partition(".")
+            if not sep or not dot:
+                raise ContractError(f"--opt {item!r} is not NAME.KEY=VALUE")
+            options.setdefault(name, {})[opt] = parse_value(value)
+        if ns.options_json:
+            try:
+                options.update(json.loads(ns.options_json))
+            except ValueError as e:
+                raise ContractError(f"--options-json: not JSON ({e})") from None
+        return cls(model=ns.model, batch_size=ns.batch_size, out=ns.out,
+                   compressors=tuple(n for n in ns.compressors.split(",") if n), options=options, iters=ns.iters,
+                   bucket_cap_mb=ns.bucket_cap_mb, threads=ns.threads, device=ns.device, image_size=ns.image_size,
+                   seq_len=ns.seq_len, lockstep_rank=ns.lockstep_rank, lockstep_world=ns.lockstep_world,
+                   init_method=ns.init_method)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ConformanceArgs:
+    """The command line of ``python -m runners.conformance`` (one rank of `testbed check-compressor`, gloo on a file
+    store), built by the controller (testbed/conformance.py) and parsed by the rank, like ``RankArgs``. ``options``
+    are the compressor's options, each sent as ``--opt KEY=JSON``."""
+
+    spec: str
+    store: str
+    rank: int
+    world_size: int
+    out: str
+    options: tuple[tuple[str, Any], ...] = ()
+    steps: int = 4  # steps after the compressor's warm-up
+    collective_timeout_s: float = 20.0
+    seed: int = 0
+
+    def option_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def to_argv(self) -> list[str]:
+        argv = ["--spec", self.spec, "--store", self.store, "--rank", str(self.rank), "--world-size",
+                str(self.world_size), "--out", self.out, "--steps", str(self.steps), "--collective-timeout-s",
+                f"{self.collective_timeout_s:g}", "--seed", str(self.seed)]  # fmt: skip
+        for key, value in self.options:
+            argv += ["--opt", f"{key}={json.dumps(value)}"]
+        return argv
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> ConformanceArgs:
+        """Parse; raises ContractError with one line (the rank exits 2)."""
+        p = _Parser(prog="conformance")
+        p.add_argument("--spec", required=True)
+        p.add_argument("--opt", action="append", default=[])
+        p.add_argument("--store", required=True)
+        p.add_argument("--rank", type=int, required=True)
+        p.add_argument("--world-size", type=int, required=True)
+        p.add_argument("--out", required=True)
+        p.add_argument("--steps", type=int, default=4, help="steps after the compressor's warm-up")
+        p.add_argument("--collective-timeout-s", type=float, default=20.0)
+        p.add_argument("--seed", type=int, default=0)
+        ns = p.parse_args(argv)
+        options = []
+        for item in ns.opt:
+            key, _, value = item.partition("=")
+            options.append((key, parse_value(value)))
+        return cls(spec=ns.spec, store=ns.store, rank=ns.rank, world_size=ns.world_size, out=ns.out,
+                   options=tuple(options), steps=ns.steps, collective_timeout_s=ns.collective_timeout_s,
+                   seed=ns.seed)  # fmt: skip

@@ -16,7 +16,6 @@ and each compressor's encode / decode measured in place while every process trai
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -446,42 +445,20 @@ def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="profile", description="Profile a model and compressors on one rank.")
-    p.add_argument("--model", required=True)
-    p.add_argument("--batch-size", type=int, required=True)
-    p.add_argument("--compressors", default="syncsgd", help="comma-separated names")
-    p.add_argument("--opt", action="append", default=[], metavar="NAME.KEY=VALUE",
-                   help="compressor option, e.g. --opt powersgd.rank=4")  # fmt: skip
-    p.add_argument("--image-size", type=int, default=64)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--bucket-cap-mb", type=float, default=25)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", help="JSON file to write (required; with --lockstep-rank, rank 0 writes it)")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--options-json", default="", help="compressor options as JSON ({name: {key: value}})")
-    p.add_argument("--lockstep-rank", type=int, default=None, help="this process's rank of a co-located profile")
-    p.add_argument("--lockstep-world", type=int, default=0, help="processes of the co-located profile")
-    p.add_argument("--init-method", default="", help="the co-located profile's rendezvous (file://PATH)")
-    args = p.parse_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    if not args.out:
-        p.error("--out is required")
-    from runners.contract import parse_value
+    """One profile process; its command line is `runners.contract.ProfileArgs` (bad input: one line, exit 2)."""
+    from runners.contract import ContractError, ProfileArgs
     from runners.files import atomic_write
 
     try:
-        options: dict[str, dict] = {}
-        for item in args.opt:
-            key, sep, value = item.partition("=")
-            name, dot, opt = key.partition(".")
-            if not sep or not dot:
-                raise ValueError(f"--opt {item!r} is not NAME.KEY=VALUE")
-            options.setdefault(name, {})[opt] = parse_value(value)
-        if args.options_json:
-            options.update(json.loads(args.options_json))
-        names = [n for n in args.compressors.split(",") if n]
+        args = ProfileArgs.from_argv(sys.argv[1:] if argv is None else list(argv))
+    except ContractError as e:
+        print(f"profile: error: {e}", file=sys.stderr)
+        return 2
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        options = {name: dict(opts) for name, opts in (args.options or {}).items()}
+        names = list(args.compressors)
         if args.lockstep_rank is not None:
             result = lockstep(args.model, args.batch_size, names, rank=args.lockstep_rank,
                               world_size=args.lockstep_world, init_method=args.init_method,
@@ -499,7 +476,6 @@ def main(argv=None) -> int:
     atomic_write(args.out, json.dumps(result, indent=2) + "\n")
     print(f"profile: wrote {args.out}: {len(result['buckets'])} buckets, {len(names)} compressors", file=sys.stderr)
     return 0
-
 
 if __name__ == "__main__":
     code = main()

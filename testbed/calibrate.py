@@ -24,7 +24,7 @@ from pathlib import Path
 
 from runners.contract import CollBenchArgs
 from shaping.plan import LinkShape
-from testbed import launch_plan
+from testbed import launch_plan, ranks
 from testbed.cluster import registry
 from testbed.config import Trial
 from testbed.errors import InputError, LaunchError
@@ -110,6 +110,13 @@ def run_calibration(
             say("clearing the shaping")
             cluster.clear_shaping(hosts)
         say(f"all-reduce and all-gather on {trial.world_size} ranks ({plan.backend}), {len(sizes_bytes)} sizes")
+
+        def remember(proc) -> None:  # found again by its handle after a SIGKILL of this process
+            if (handle := proc.handle()) is not None:
+                note["processes"].append(handle)
+                registry.record_trial(cluster.name, note)
+
+        starts = []
         for r in plan.ranks:
             args = CollBenchArgs(
                 out=str(rank_out / "collbench.json"),
@@ -121,11 +128,9 @@ def run_calibration(
                 timeout_s=max(30.0, min(timeout_s, 300.0)),
                 threads=cluster.threads_per_rank(trial.world_size),
             )
-            argv = [sys.executable, "-m", "runners.collbench", *args.to_argv()]
-            procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=work / "logs" / r.log_name))
-            if (handle := procs[-1].handle()) is not None:
-                note["processes"].append(handle)
-                registry.record_trial(cluster.name, note)
+            starts.append(ranks.Rank(r.host, [sys.executable, "-m", "runners.collbench", *args.to_argv()], r.env,
+                                     work / "logs" / r.log_name))  # fmt: skip
+        ranks.start(cluster, starts, into=procs, on_start=remember)
         try:
             watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=work)
         except TrialFailed as e:

@@ -21,9 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from runners import catalog
+from runners.contract import ConformanceArgs
+from testbed import ranks
 from testbed.errors import InputError
 
 POLL_S = 0.05
@@ -90,19 +90,6 @@ def rank_env(plugin_path: str | None) -> dict[str, str]:
     return env
 
 
-def end_all(procs: list[tuple[subprocess.Popen, Any]]) -> None:
-    """End each (process, log) started in its own session: its process group killed if still running, reaped,
-    its log closed (the loopback ranks of the conformance and convergence checks)."""
-    for p, log in procs:
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        p.wait()
-        log.close()
-
-
 def _tail(path: Path) -> str:
     try:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -142,45 +129,31 @@ def run_ranks(spec: str, options: dict[str, Any], plugin_path: str | None, *, wo
     with tempfile.TemporaryDirectory(prefix="gc-conformance-") as tmp:
         out = Path(tmp)
         collective_timeout = max(5.0, min(20.0, timeout_s / 3))
-        procs = []
+        env = rank_env(plugin_path)
+        starts = []
         for rank in range(world_size):
-            argv = [sys.executable, "-P", "-m", "runners.conformance", "--spec", spec, "--store", str(out / "store"),
-                    "--rank", str(rank), "--world-size", str(world_size), "--out", str(out), "--steps", str(steps),
-                    "--collective-timeout-s", f"{collective_timeout:g}", "--seed", str(seed)]  # fmt: skip
-            for key, value in options.items():
-                argv += ["--opt", f"{key}={json.dumps(value)}"]
-            log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below, after the process ends
-            procs.append((subprocess.Popen(argv, env=rank_env(plugin_path), cwd=out, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True), log))  # fmt: skip
-        deadline = time.monotonic() + timeout_s
+            args = ConformanceArgs(spec=spec, store=str(out / "store"), rank=rank, world_size=world_size, out=str(out),
+                                   options=tuple(options.items()), steps=steps,
+                                   collective_timeout_s=collective_timeout, seed=seed)  # fmt: skip
+            starts.append(ranks.Rank(ranks.THIS_MACHINE.host, [sys.executable, "-P", "-m", "runners.conformance",
+                                                               *args.to_argv()], env, out / f"rank{rank}.log", out))  # fmt: skip
         reason = None
-        try:
-            while True:
-                codes = [p.poll() for p, _ in procs]
-                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if bad and any(c == 2 for _, c in bad):
+        with ranks.running(ranks.THIS_MACHINE, starts) as procs:
+            watched = ranks.watch(procs, deadline=time.monotonic() + timeout_s, poll_s=POLL_S)
+            if watched.failed is not None:
+                bad = [(r, c) for r, c in enumerate(watched.codes) if c not in (None, 0)]
+                if any(c == 2 for _, c in bad):
                     r = next(r for r, c in bad if c == 2)
                     raise InputError(_tail(out / f"rank{r}.log").removeprefix("conformance: error: "))
-                if bad:
-                    # the first rank to fail names the reason; give the others a moment to fail too (their logs)
-                    grace = time.monotonic() + 2.0
-                    while time.monotonic() < grace and any(p.poll() is None for p, _ in procs):
-                        time.sleep(POLL_S)
-                    r, c = bad[0]
-                    reason = crash_reason(out, r, c)
-                    break
-                if all(c == 0 for c in codes):
-                    break
-                if time.monotonic() > deadline:
-                    waiting = [r for r, c in enumerate(codes) if c is None]
-                    stages = ", ".join(f"rank {r} at {_stage(out, r)!r}" for r in waiting)
-                    reason = (f"hang: ranks {waiting} still running after {timeout_s:g} s ({stages}); collectives "
-                              "were issued in different orders on different ranks, or a rank waits for one its "
-                              "peers never issue")  # fmt: skip
-                    break
-                time.sleep(POLL_S)  # poll interval, bounded by the deadline
-        finally:
-            end_all(procs)
+                # the first rank to fail names the reason; give the others a moment to fail too (their logs)
+                ranks.settle(procs, 2.0, POLL_S)
+                reason = crash_reason(out, watched.failed, watched.codes[watched.failed])
+            elif watched.timed_out:
+                waiting = watched.running
+                stages = ", ".join(f"rank {r} at {_stage(out, r)!r}" for r in waiting)
+                reason = (f"hang: ranks {waiting} still running after {timeout_s:g} s ({stages}); collectives "
+                          "were issued in different orders on different ranks, or a rank waits for one its "
+                          "peers never issue")  # fmt: skip
         records: list[dict | None] = []
         for rank in range(world_size):
             try:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,7 +19,8 @@ from typing import Any
 
 from runners import catalog, datafiles
 from runners.contract import RankArgs, torchrun_env
-from testbed.conformance import Check, end_all, rank_env
+from testbed import ranks
+from testbed.conformance import Check, rank_env
 from testbed.errors import InputError
 
 TARGET, MAX_STEPS, EVAL_EVERY, LR, BATCH = 0.5, 400, 50, 0.05, 32  # sync SGD: 0.5 near step 150 (2 ranks, seed 0)
@@ -44,24 +44,17 @@ def train(spec: str, options: dict[str, Any], plugin_path: str | None, *, world_
                         timeout_s=max(30.0, timeout_s / 4), threads=1, data="fashion-mnist", eval_every=EVAL_EVERY,
                         target_accuracy=target, max_steps=max_steps)  # fmt: skip
         port = _free_port()
-        procs = []
+        starts = []
         for rank in range(world_size):
             env = {**rank_env(plugin_path), **torchrun_env(rank=rank, world_size=world_size, local_rank=0,
                                                          local_world_size=1, group_rank=rank,
                                                          master_addr="127.0.0.1", master_port=port)}  # fmt: skip
-            log = open(out / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed below, after the process ends
-            procs.append((subprocess.Popen([sys.executable, "-P", "-m", "runners.train", *args.to_argv()], env=env,
-                                           cwd=out, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           start_new_session=True), log))  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        try:
-            while any(p.poll() is None for p, _ in procs) and time.monotonic() < deadline:
-                if any(p.poll() not in (None, 0) for p, _ in procs):
-                    break
-                time.sleep(POLL_S)  # poll interval, bounded by the deadline
-        finally:
-            end_all(procs)
-        codes = [p.returncode for p, _ in procs]
+            starts.append(ranks.Rank(ranks.THIS_MACHINE.host, [sys.executable, "-P", "-m", "runners.train",
+                                                               *args.to_argv()], env, out / f"rank{rank}.log", out))  # fmt: skip
+        with ranks.running(ranks.THIS_MACHINE, starts) as procs:
+            # until every rank ended, one failed (fail fast) or the deadline
+            ranks.watch(procs, deadline=time.monotonic() + timeout_s, poll_s=POLL_S)
+        codes = [p.poll() for p in procs]
         if any(c == 2 for c in codes):
             r = codes.index(2)
             lines = (out / f"rank{r}.log").read_text(errors="replace").strip().splitlines()

@@ -107,53 +107,31 @@ def measure_lockstep(
     """Run `ranks` processes of ``python -m runners.profile --lockstep-rank`` (a gloo group on a file store in a
     temporary folder) and return what rank 0 measured (runners.profile.lockstep). Each process is ended by its
     process group if it is still there when this returns or fails."""
-    import signal
-    import subprocess
     import time
+
+    from runners.contract import ProfileArgs
+    from testbed.ranks import THIS_MACHINE, Rank, running, watch
 
     with tempfile.TemporaryDirectory(prefix="gcprof-lockstep-") as tmp:
         out = Path(tmp) / "lockstep.json"
-        argv = [*plugins.python_argv("-m", "runners.profile"), "--model", model, "--batch-size", str(batch_size),
-                "--compressors", ",".join(names), "--iters", str(iters), "--bucket-cap-mb", str(bucket_cap_mb),
-                "--threads", str(threads), "--device", device, "--lockstep-world", str(ranks),
-                "--init-method", f"file://{tmp}/store", "--out", str(out)]  # fmt: skip
-        if image_size:
-            argv += ["--image-size", str(image_size)]
-        if seq_len:
-            argv += ["--seq-len", str(seq_len)]
-        if options:
-            argv += ["--options-json", json.dumps(options)]
         env = dict(os.environ)  # this machine's own processes: the controller's environment
         # -P and a fixed working directory: a `runners/` or `json.py` where the user stands never runs (as root)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (plugins.plugin_pythonpath(plugin_path), env.get("PYTHONPATH")) if p)
-        procs: list[subprocess.Popen] = []
-        errs = [open(Path(tmp) / f"rank{r}.err", "w+") for r in range(ranks)]  # noqa: SIM115 (closed below)
-        try:
-            for r in range(ranks):
-                procs.append(subprocess.Popen([*argv, "--lockstep-rank", str(r)], stdout=subprocess.DEVNULL,
-                                              stderr=errs[r], env=env, cwd=plugins.SAFE_CWD,
-                                              start_new_session=True))  # fmt: skip
-            deadline = time.monotonic() + timeout_s
-            codes: list[int | None] = [None] * ranks
+        starts = []
+        for r in range(ranks):
+            args = ProfileArgs(model=model, batch_size=batch_size, out=str(out), compressors=tuple(names),
+                               options=options or None, iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads,
+                               device=device, image_size=image_size, seq_len=seq_len, lockstep_rank=r,
+                               lockstep_world=ranks, init_method=f"file://{tmp}/store")  # fmt: skip
+            starts.append(Rank(THIS_MACHINE.host, [*plugins.python_argv("-m", "runners.profile"), *args.to_argv()],
+                               env, Path(tmp) / f"rank{r}.log", Path(plugins.SAFE_CWD)))  # fmt: skip
+        with running(THIS_MACHINE, starts) as procs:
             # until all are done or one failed: the others of a failed rank would wait for it in gloo for minutes
-            while None in codes and not any(codes):
-                if time.monotonic() > deadline:
-                    raise TestbedError(f"the co-located profile's ranks did not finish within {timeout_s:.0f} s")
-                r = codes.index(None)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    procs[r].wait(timeout=0.5)
-                codes = [proc.poll() for proc in procs]
-        finally:
-            for proc in procs:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            texts = []
-            for f in errs:
-                f.seek(0)
-                texts.append(f.read().strip())
-                f.close()
-        failed = [(r, c) for r, c in enumerate(codes) if c]
+            watched = watch(procs, deadline=time.monotonic() + timeout_s)
+            if watched.timed_out:
+                raise TestbedError(f"the co-located profile's ranks did not finish within {timeout_s:.0f} s")
+        texts = [(Path(tmp) / f"rank{r}.log").read_text(errors="replace").strip() for r in range(ranks)]
+        failed = [(r, c) for r, c in enumerate(watched.codes) if c]
         if failed or not out.exists():
             r, code = failed[0] if failed else (0, 0)
             last = texts[r].splitlines()[-1] if texts[r] else "no message"

@@ -44,6 +44,23 @@ def all_cluster_names() -> list[str]:
     return names + [n for n in registry.recorded_names() if n not in names]
 
 
+def half_made_clusters(name: str | None = None) -> dict[str, list[str]]:
+    """Cluster name -> its namespaces, for namespaces with a cluster's prefix but no cluster record (what an
+    interrupted `up` or a lost state directory leaves behind; only the local backend makes namespaces). `testbed down
+    --name NAME` removes them."""
+    from testbed.cluster.local import all_testbed_clusters, cluster_namespaces
+
+    recorded = set(registry.recorded_names())
+    names = [name] if name is not None else all_testbed_clusters()
+    out = {}
+    for n in names:
+        if n not in recorded:
+            found = cluster_namespaces(n)
+            if found:
+                out[n] = found
+    return out
+
+
 def down(name: str) -> str | None:
     """Remove everything of cluster `name` (also a crashed local one's leftovers) and forget its record.
     Returns what was done in words, or None when there was nothing to remove."""
