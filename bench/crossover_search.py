@@ -83,6 +83,7 @@ def main() -> int:
             for comp in a.compressors.split(","):
                 opts = OPTIONS.get(comp, [])
                 grid_out = root / f"grid-{comp}-{ws}" / "results"
+                grid_out.parent.mkdir(parents=True, exist_ok=True)
                 t0 = time.monotonic()
                 cli("sweep", "--name", NAME, "--bw", ",".join(log_rates(a.bw_range, a.grid_rates)), "--compressor",
                     f"{a.against},{comp}", "--world-size", str(ws), "--out", str(grid_out), *trial, *opts)  # fmt: skip
