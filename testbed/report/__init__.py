@@ -46,6 +46,7 @@ from testbed.report.analysis import (
 )
 from testbed.report.figures import plot_phases, plot_scaling, plot_time_vs_bandwidth, variant_colors
 from testbed.report.searches import load_searches, search_notes, searches_of
+from testbed.report.shapes import split_shapes, straggler_figures
 from testbed.report.timeline import report_timelines
 
 __all__ = [
@@ -103,6 +104,7 @@ def build_report(
     pm.Network(1, 1.0, latency_s or 0.0, 1.0 if auto or efficiency is None else efficiency)
     ok, notes, counts = check_results(df)
     ok, convergence = split_convergence(ok)  # runs to a target accuracy: the time-to-accuracy section (issue 33)
+    ok, shaped = split_shapes(ok)  # stragglers, cross traffic, racks: their own figure, not points of the flat curves
     s = ModelSettings(latency_s, None if auto else efficiency, hook_blocks_backward, tuple(calibrations))
     if auto:
         fitted, used = fit_efficiency_from_trials(ok, profiles, s)
@@ -147,6 +149,7 @@ def build_report(
     # timelines (issue 35): each variant's trial with --timeline at its lowest rate, and the trials asked for
     tl_figures, tl_notes = report_timelines(ok, results_dir, out, tuple(timeline_trials))
     figures += tl_figures
+    figures += straggler_figures(ok, shaped, out)
     notes += tl_notes
     if any(r["measured_bps"] for r in cx_rows) and (agg["trials"] < 2).all():
         notes.append(

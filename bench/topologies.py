@@ -1,0 +1,144 @@
+"""Cluster shapes benchmark (issue 36): measured vs predicted iteration time at 4 emulated hosts for
+(a) one straggler at 1/2, 1/5, 1/10 of the rate, (b) 2 racks at 1:1, 1:2, 1:4 oversubscription, (c) 0, 1, 4 flows of
+cross traffic; sync SGD, PowerSGD, ACP-SGD, signSGD and Top-K.
+
+    python bench/topologies.py                                # full (quiet machine): see docs/benchmarks.md
+    python bench/topologies.py --smoke --model mlp            # one point per shape, tiny model (a few minutes)
+
+The prediction per trial: the compressor's measured flat trial (every link at --bw, no cross traffic), plus the
+change of its collective's bandwidth term when the ring's bottleneck (testbed.perfmodel.ring_bottleneck: the slowest
+host link, the spine's share per cross-rack step, the share cross traffic leaves) replaces the flat rate:
+
+    t_pred(shape) = t_meas(flat) + T_coll(payload, n, B_bottleneck) - T_coll(payload, n, B_flat)
+
+(T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds). Prints one Markdown table per
+shape (measured, predicted, error, bounding link) and the median and worst absolute error. Needs root; uses its own
+cluster name and removes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import testbed.perfmodel as pm
+from runners import catalog
+from shaping.units import format_rate, parse_rate_bps
+from testbed import cross_traffic, trial_shape
+
+NAME = "benchtopo"
+REPO = Path(__file__).resolve().parents[1]
+COMPRESSORS = ("syncsgd", "powersgd", "acpsgd", "signsgd", "topk")
+STRAGGLER = (2, 5, 10)
+OVERSUB = (1, 2, 4)
+CROSS = (0, 1, 4)
+
+
+def cli(*args: str, timeout_s: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=REPO, check=False)  # fmt: skip
+
+
+def up(hosts: int, bw: str, *flags: str) -> None:
+    done = cli("up", "--name", NAME, "--hosts", str(hosts), "--bw", bw, "--recreate", *flags)
+    if done.returncode:
+        sys.exit(f"testbed up failed: {done.stderr.strip()}")
+
+
+def run(args, out: Path, comp: str, *flags: str) -> dict:
+    argv = ["run", "--name", NAME, "--bw", args.bw, "--compressor", comp, "--model", args.model, "--iters",
+            str(args.iters), "--warmup-iters", str(args.warmup), "--no-probe", "--out", str(out), "--json", "--rerun",
+            *flags]  # fmt: skip
+    done = cli(*argv)
+    if done.returncode not in (0, 1):
+        sys.exit(f"testbed {' '.join(argv)}: {done.stderr.strip()}")
+    return json.loads(done.stdout)["row"]
+
+
+def coll_s(comp: str, payload: float, n: int, rate: float) -> float:
+    entry = catalog.compressor(comp)
+    if entry.collective == "allgather":
+        return pm.allgather_time_s(payload / n, n, rate, rounds=entry.rounds)  # the row counts all workers' share
+    return pm.allreduce_time_s(payload, n, rate, rounds=entry.rounds)
+
+
+def predict(flat: dict, comp: str, n: int, flat_bps: float, lay: pm.Layout) -> tuple[float, str]:
+    b = pm.ring_bottleneck(lay)
+    payload = flat["payload_bytes_per_iter"] or 0.0
+    rate = b.rate_bps if b.bounded else flat_bps
+    extra = coll_s(comp, payload, n, rate) - coll_s(comp, payload, n, flat_bps)
+    return flat["iter_time_s_p50"] + extra, b.link
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=4)
+    p.add_argument("--bw", default="100mbit", help="every host link's rate (default 100mbit)")
+    p.add_argument("--model", default="resnet18")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--compressors", default=",".join(COMPRESSORS))
+    p.add_argument("--smoke", action="store_true", help="one point per shape (1/10, 1:4, 1 flow)")
+    args = p.parse_args()
+    comps = args.compressors.split(",")
+    n, flat_bps = args.hosts, parse_rate_bps(args.bw, "--bw")
+    hosts = [f"h{i}" for i in range(n)]
+    stragglers, oversubs, crosses = ((10,), (4,), (1,)) if args.smoke else (STRAGGLER, OVERSUB, CROSS[1:])
+    errors: list[float] = []
+    tables: list[str] = []
+    out = Path(tempfile.mkdtemp(prefix="benchtopo-"))
+    try:
+        up(n, args.bw)
+        flat = {c: run(args, out, c) for c in comps}
+
+        def row(shape: str, comp: str, meas: dict, lay: pm.Layout) -> str:
+            if meas["status"] != "ok" or flat[comp]["status"] != "ok":
+                return f"| {shape} | {comp} | {meas['status']} | | | |"
+            pred, link = predict(flat[comp], comp, n, flat_bps, lay)
+            m = meas["iter_time_s_p50"]
+            err = (pred - m) / m
+            errors.append(abs(err))
+            return f"| {shape} | {comp} | {m * 1e3:.0f} | {pred * 1e3:.0f} | {err:+.0%} | {link} |"
+
+        head = "| shape | compressor | measured ms | predicted ms | error | bounding link |\n|---|---|---|---|---|---|"
+        lines = [head]
+        for f in stragglers:
+            slow = flat_bps // f
+            for c in comps:
+                meas = run(args, out, c, "--host-bw", f"h1={slow}bit")
+                lay = trial_shape.layout(hosts, flat_bps, {"h1": slow})
+                lines.append(row(f"h1 at 1/{f} ({format_rate(slow)})", c, meas, lay))
+        for c in comps:
+            lines.append(row("flat", c, flat[c], trial_shape.layout(hosts, flat_bps, {})))
+        for k in crosses:
+            for c in comps:
+                meas = run(args, out, c, "--cross-traffic", str(k))
+                lay = trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k))
+                lines.append(row(f"{k} cross flow{'s' * (k != 1)}", c, meas, lay))
+        tables.append("\n".join(lines))
+        lines = [head]
+        for ratio in oversubs:
+            uplink = (n // 2) * flat_bps // ratio
+            up(n, args.bw, "--racks", "2", "--uplink", f"{uplink}bit")
+            for c in comps:
+                meas = run(args, out, c)
+                lay = trial_shape.layout(hosts, flat_bps, {}, rack_of=[i * 2 // n for i in range(n)], uplink_bps=uplink)
+                lines.append(row(f"2 racks 1:{ratio}", c, meas, lay))
+        tables.append("\n".join(lines))
+    finally:
+        cli("down", "--name", NAME)
+    print(f"{n} hosts at {args.bw}, {args.model}, {args.iters} measured iterations, median of the iterations\n")
+    print("\n\n".join(tables))
+    if errors:
+        print(f"\nabsolute error: median {statistics.median(errors):.0%}, worst {max(errors):.0%} "
+              f"({len(errors)} points)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
