@@ -184,6 +184,7 @@ def run_trial(
         trial_shape.apply(cluster, trial, hosts)  # the trial's rate, each --host-bw host at its own
         cross = cross_traffic.start(cluster, used, trial.cross_traffic, duration_s=timeout_s + 60,
                                     log_dir=out_dir / "logs", on_start=remember)  # fmt: skip
+        row["wall_shape_s"] = lap = time.monotonic() - t0  # where the trial's time goes (docs/results-format.md)
         if probe and len(used) >= 2:
             from testbed.probe import probe_pair
 
@@ -193,6 +194,7 @@ def run_trial(
             row["measured_goodput_bps"] = result.achieved_bps
             row["probe_duration_s"], row["probe_streams"] = probe_duration_s, probe_streams
             registry.record_trial(cluster.name, note)
+        row["wall_probe_s"], lap = time.monotonic() - t0 - lap, time.monotonic() - t0
         say("starting ranks")
         for r in plan.ranks:
             if STOP.is_set():
@@ -202,6 +204,7 @@ def run_trial(
             remember(procs[-1])
         say("training")
         watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
+        row["wall_ranks_s"] = time.monotonic() - t0 - lap  # the ranks' start to their exit
         for host in used:
             cluster.fetch(host, rank_out, out_dir)
         row.update(metrics_from_summary(out_dir / "summary.json"))
@@ -218,6 +221,8 @@ def run_trial(
         if problems:
             row["error"] = "; ".join([row["error"] or "", *problems]).lstrip("; ")
         row["wall_s"] = time.monotonic() - t0
+        if row.get("wall_ranks_s") is not None:  # fetching the records, ending the ranks, restoring the shaping
+            row["wall_teardown_s"] = row["wall_s"] - row["wall_shape_s"] - row["wall_probe_s"] - row["wall_ranks_s"]
         try:
             store_row(store, row, attempt)
         finally:
@@ -377,6 +382,7 @@ def metrics_from_summary(path: Path) -> dict[str, Any]:
     out["dist_backend"] = env.get("backend")
     out["warmup_iters"] = summary.get("warmup_iters_used", summary.get("config", {}).get("warmup_iters"))
     out["settle_ratio"] = summary.get("settle_ratio")  # not in a summary of an older runner
+    out.update(summary.get("wall_split_s") or {}, model_sync=summary.get("model_sync"))  # rank 0's time split
     # learning (issue 33): absent from an older runner's summary; the curve is stored as JSON text
     out.update({k: summary[k] for k in SUMMARY_ACCURACY if summary.get(k) is not None})
     if out.get("curve") is not None:
