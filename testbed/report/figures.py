@@ -33,6 +33,7 @@ from testbed.report.analysis import (  # noqa: E402
     variant_order,
     variant_profile,
 )
+from testbed.report.searches import report_variant  # noqa: E402
 
 _COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
@@ -112,7 +113,7 @@ def plot_time_vs_bandwidth(
             capsize=3,
             label=f"{v} measured",
         )
-        _mark_searches(ax_t, d, [x for x in searches if x.get("variant") == v], colors[v], xpos)
+        _mark_searches(ax_t, d, [x for x in searches if report_variant(x) == v], colors[v], xpos)
         if v in curves:
             ax_t.plot(grid, curves[v], "-", color=colors[v], alpha=0.7, label=f"{v} model")
         if d["speedup"].notna().any():

@@ -28,6 +28,13 @@ def load_searches(results_dir: str | Path | None) -> tuple[list[dict[str, Any]],
     return docs, notes
 
 
+def report_variant(doc: dict[str, Any]) -> str:
+    """The report's label of the search's compressor (analysis' `powersgd[rank=4]`), to find its curve."""
+    from testbed.report.analysis import _variant
+
+    return _variant(doc.get("compressor", ""), doc.get("options") or {})
+
+
 def searches_of(docs: list[dict[str, Any]], model: str, batch_size: int, world_size: int) -> list[dict[str, Any]]:
     return [d for d in docs if (d.get("model"), d.get("batch_size"), d.get("world_size")) == (model, int(batch_size),
                                                                                              int(world_size))]  # fmt: skip

@@ -206,3 +206,10 @@ def test_the_report_reads_the_kept_searches_and_skips_a_broken_file(tmp_path):
     assert search_notes(docs) == ["crossover search (mlp bs8, 2 ranks): powersgd rank=4 pays below 30mbit-32mbit, "
                                   "6 trials; model / measured 1.20"]  # fmt: skip
     assert load_searches(None) == ([], [])
+
+
+def test_a_search_is_matched_to_the_report_curve_of_its_compressor_and_options():
+    from testbed.report.searches import report_variant
+
+    assert report_variant({"compressor": "acpsgd", "options": {"rank": 4}}) == "acpsgd[rank=4]"
+    assert report_variant({"compressor": "syncsgd", "options": {}}) == "syncsgd"
