@@ -242,22 +242,6 @@ def _link_text(link: dict) -> str:
     return f"{link['qdisc']} {format_rate(link['rate_bps'])}{burst}"
 
 
-def half_made_clusters(name: str | None = None) -> dict[str, list[str]]:
-    """Cluster name -> its namespaces, for namespaces with a cluster's prefix but no cluster record (what an
-    interrupted `up` or a lost state directory leaves behind). `testbed down --name NAME` removes them."""
-    from testbed.cluster.local import all_testbed_clusters, cluster_namespaces
-
-    recorded = set(registry.recorded_names())
-    names = [name] if name is not None else all_testbed_clusters()
-    out = {}
-    for n in names:
-        if n not in recorded:
-            found = cluster_namespaces(n)
-            if found:
-                out[n] = found
-    return out
-
-
 def _half_made_line(name: str, namespaces: list[str]) -> str:
     return (
         f"cluster {name!r} is half-made: namespaces {', '.join(namespaces)} exist without a cluster record "
@@ -273,7 +257,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 data.append(backends.open_cluster(n).status())
             except TestbedError as e:
                 broken[n] = f"cluster {n!r} is recorded but cannot be read ({e}); `testbed down --name {n}` removes it"
-        half = half_made_clusters()
+        half = backends.half_made_clusters()
         if args.json:
             print_json(
                 data
@@ -291,7 +275,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 console.print("no cluster is up")
         return 1 if half or broken else 0
     if registry.load_record(registry.check_name(args.name)) is None:
-        half = half_made_clusters(args.name)
+        half = backends.half_made_clusters(args.name)
         if half:
             if args.json:
                 print_json({"name": args.name, "half_made": True, "namespaces": half[args.name]})

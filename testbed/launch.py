@@ -29,7 +29,7 @@ from typing import Any
 import testbed
 from runners.contract import SUMMARY_ACCURACY, SUMMARY_ENV_KEYS, SUMMARY_METRICS
 from shaping.plan import ideal_goodput_bps
-from testbed import cross_traffic, launch_plan, trial_shape
+from testbed import cross_traffic, launch_plan, ranks, trial_shape
 from testbed.cluster import registry
 from testbed.config import Trial
 from testbed.errors import LaunchError, TestbedError
@@ -37,7 +37,6 @@ from testbed.results import ResultsStore
 
 METRICS = SUMMARY_METRICS  # the summary keys copied into each results row
 
-POLL_INTERVAL_S = 0.05
 LOG_TAIL_LINES = 8
 STOP = threading.Event()  # set by a signal handler: the running trial ends at its next poll, rolled back
 STOPPED_BY: list[str] = []  # the name of the signal that set STOP (SIGINT shows as Ctrl-C)
@@ -196,12 +195,9 @@ def run_trial(
             registry.record_trial(cluster.name, note)
         row["wall_probe_s"], lap = time.monotonic() - t0 - lap, time.monotonic() - t0
         say("starting ranks")
-        for r in plan.ranks:
-            if STOP.is_set():
-                raise TrialFailed(_stop_message(), status="interrupted")
-            argv = [sys.executable, *r.argv]
-            procs.append(cluster.start(r.host, argv, env=dict(r.env), log_path=out_dir / "logs" / r.log_name))
-            remember(procs[-1])
+        starts = [ranks.Rank(r.host, [sys.executable, *r.argv], r.env, out_dir / "logs" / r.log_name) for r in plan.ranks]
+        if not ranks.start(cluster, starts, into=procs, on_start=remember, stop=STOP):
+            raise TrialFailed(_stop_message(), status="interrupted")
         say("training")
         watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=out_dir)
         row["wall_ranks_s"] = time.monotonic() - t0 - lap  # the ranks' start to their exit
@@ -238,12 +234,7 @@ def end_trial(
 ) -> list[str]:
     """Kill every process of the trial and (with `restore`) put the cluster's shaping back; each step runs even when
     one before it failed (an SSH connection down, an squeue error). Returns what failed, in words."""
-    problems = []
-    for p in procs:
-        try:
-            p.kill_group()
-        except Exception as e:  # noqa: BLE001 - the other kills, the restore and the row must still happen
-            problems.append(f"ending {p.host.name}'s process {getattr(p, 'pid', '?')} failed ({e})")
+    problems = ranks.end(procs)
     if not restore:
         return problems
     say("restoring shaping")
@@ -284,28 +275,24 @@ def store_row(store: ResultsStore, row: dict[str, Any], attempt: int | None) -> 
 
 
 def watch_ranks(procs: list, *, deadline: float, out_dir: Path) -> None:
-    """Poll rank processes until all exit 0; the first non-zero exit (its log tail), Ctrl-C or the deadline raise
-    TrialFailed. Logs are read from out_dir/logs/rank<r>.log."""
-    while True:
-        if STOP.is_set():
-            raise TrialFailed(_stop_message(), status="interrupted")
-        codes = [p.poll() for p in procs]
-        for rank, code in enumerate(codes):
-            if code not in (None, 0):
-                raise TrialFailed(
-                    f"rank {rank} on {procs[rank].host.name} exited with code {code}: "
-                    f"{_tail(out_dir / 'logs' / f'rank{rank}.log')}"
-                )
-        if all(code == 0 for code in codes):
-            return
-        if time.monotonic() > deadline:
-            waiting = [r for r, c in enumerate(codes) if c is None]
-            raise TrialFailed(
-                f"trial timed out; ranks {waiting} still running. rank {waiting[0]} log: "
-                f"{_tail(out_dir / 'logs' / f'rank{waiting[0]}.log')}",
-                status="timeout",
-            )
-        time.sleep(POLL_INTERVAL_S)  # poll interval of the watch loop, bounded by the deadline
+    """Watch rank processes (testbed.ranks.watch) until all exit 0; the first non-zero exit (its log tail), Ctrl-C
+    or the deadline raise TrialFailed. Logs are read from out_dir/logs/rank<r>.log."""
+    watched = ranks.watch(procs, deadline=deadline, stop=STOP)
+    if watched.stopped:
+        raise TrialFailed(_stop_message(), status="interrupted")
+    if watched.failed is not None:
+        rank = watched.failed
+        raise TrialFailed(
+            f"rank {rank} on {procs[rank].host.name} exited with code {watched.codes[rank]}: "
+            f"{_tail(out_dir / 'logs' / f'rank{rank}.log')}"
+        )
+    if watched.timed_out:
+        waiting = watched.running
+        raise TrialFailed(
+            f"trial timed out; ranks {waiting} still running. rank {waiting[0]} log: "
+            f"{_tail(out_dir / 'logs' / f'rank{waiting[0]}.log')}",
+            status="timeout",
+        )
 
 
 def base_row(cluster, trial: Trial, started: dt.datetime, plan: launch_plan.LaunchPlan) -> dict[str, Any]:
