@@ -2,7 +2,7 @@
 
 The controller (testbed/config.py, the CLI help and flag tables) checks every value here before anything is created
 or started, so a rank never sees a value the controller could have refused. The state classes in
-runners/compressors/*.py apply the same rules again inside the ranks (tests/unit/test_catalog.py checks that both
+runners/compressors/*.py apply the same rules again inside the ranks (tests/unit/runners/test_catalog.py checks that both
 agree: option names and defaults, collective kind, rounds, and the error message for each bad value).
 
 This module imports nothing from torch, testbed or shaping.

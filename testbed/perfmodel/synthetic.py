@@ -9,7 +9,7 @@ from testbed.perfmodel.profiles import PROFILE_SCHEMA
 
 # name: (payload/grad ratio, encode_s, decode_s) for the whole workload; plausible CPU magnitudes for a
 # ResNet-18-sized workload, meant for docs, demos and tests, not as measurements. Every built-in compressor has one
-# (tests/unit/test_perfmodel.py checks); its collective and rounds are the catalogue's (runners/catalog.py).
+# (tests/unit/testbed/perfmodel/test_prediction.py checks); its collective and rounds are the catalogue's (runners/catalog.py).
 _SYNTHETIC_COSTS: dict[str, tuple[float, float, float]] = {
     "syncsgd": (1.0, 0.0, 0.0),
     "fp16": (0.5, 0.002, 0.002),

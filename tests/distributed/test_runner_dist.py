@@ -128,7 +128,7 @@ def test_runner_no_timing_records_nulls(tmp_path):
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, env_drop, needle):
-    """As a real process (the other bad-input cases run in-process in tests/unit/test_runner_unit.py)."""
+    """As a real process (the other bad-input cases run in-process in tests/unit/runners/test_timing.py)."""
     (rc, out, err), = launch(args, world=1, timeout_s=60, env_drop=env_drop)
     assert rc == 2
     lines = err.strip().splitlines()

@@ -349,7 +349,7 @@ def test_netem_delay_adds_round_trip_time(testbed_cli, make_cluster):
 
 
 # ---------------------------------------------------------------------------------------------- bad input, live
-BAD_ON_LIVE_CLUSTER = [  # the parsing cases are covered in-process by tests/unit/test_cli_input.py
+BAD_ON_LIVE_CLUSTER = [  # the parsing cases are covered in-process by tests/unit/testbed/test_cli_input.py
     (["shape", "--bw", "9gbps"], "ambiguous unit"),
     (["shape", "--bw", "0"], "out of range"),
     (["shape", "--bw", "garbage"], "not a number"),

@@ -13,7 +13,7 @@ import pytest
 from testbed.cluster.lab.cluster import LabCluster
 from testbed.cluster.lab.remote import command_for
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[5]
 INVENTORY = """
 all:
   hosts:

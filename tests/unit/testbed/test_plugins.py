@@ -12,7 +12,7 @@ from testbed.config import Trial
 from testbed.errors import InputError, LaunchError
 from testbed.plugins import HOST_CHECK, check_hosts, resolve_name
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_builtin_trial_ids_do_not_change_with_the_plugin_field():

@@ -18,7 +18,7 @@ from testbed.cluster.lab.facts import evaluate_facts
 from testbed.cluster.lab.inventory import load_inventory
 from testbed.errors import ClusterError, InputError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[5]
 
 INVENTORY = """
 all:

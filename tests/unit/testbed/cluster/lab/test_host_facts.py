@@ -13,7 +13,7 @@ from shaping.files import atomic_path, atomic_write
 from testbed.cluster.lab import facts as lab
 from testbed.cluster.lab import host_facts
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[5]
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):

@@ -4,7 +4,6 @@ import argparse
 import json
 import sys
 import types
-from pathlib import Path
 
 import pytest
 
@@ -171,8 +170,7 @@ def test_profile_command_stores_json_and_prints_table(tmp_path, fake_profiler, c
 
 
 def test_report_command(tmp_path, profile_file, capsys):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_report import synthetic_frame, write_store
+    from unit.testbed.report.test_report import synthetic_frame, write_store
 
     results = write_store(tmp_path / "results", synthetic_frame(world_sizes=(2,)))
     assert (
@@ -227,7 +225,7 @@ def test_predict_rejects_compressor_missing_from_profile(tmp_path):
 
 
 def test_predict_uses_a_calibration_and_says_which(tmp_path, profile_file, capsys):
-    from test_calibration import synthetic_bench
+    from unit.testbed.perfmodel.test_calibration import synthetic_bench
 
 
     c = pm.calibration_from_bench(synthetic_bench(4, 200e-6, 0.8e9, 0.5e9, 2e-9, 1e-9), cluster="lab", rate_bps=10**9)

@@ -17,7 +17,7 @@ from testbed.cluster.slurm import NOT_IN_ALLOCATION, SlurmCluster, SrunConnectio
 from testbed.cluster.ssh import SSHTarget
 from testbed.errors import InputError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[4]
 
 
 def _cluster(become: bool = False, helper_named: bool = False) -> SlurmCluster:

@@ -361,7 +361,7 @@ def test_serial_trials_are_their_own_variant_and_predicted_without_overlap(tmp_p
 
 
 def test_report_names_its_calibration_and_gives_crossover_verdicts(tmp_path):
-    from test_calibration import synthetic_bench
+    from unit.testbed.perfmodel.test_calibration import synthetic_bench
 
 
     prof = pm.profile_from_dict(pm.synthetic_profile_dict("resnet18", 32))
