@@ -374,7 +374,7 @@ def _train(job: Job, device) -> int:
     return 0
 
 
-WALL: dict[str, float] = {}  # time.time() marks of this rank's life: where a trial's wall time goes (wall_split)
+WALL: dict[str, float] = {"started": time.time()}  # this rank's life as time.time() marks (wall_split)
 WALL_SYNC_ENV = "TESTBED_DDP_INIT_SYNC"  # "broadcast": DDP's own broadcast even when the checksums agree (A/B check)
 
 
@@ -399,14 +399,12 @@ def model_sync_mode(module, device) -> str:
 
 
 def wall_split() -> dict[str, float]:
-    """Rank 0's life in seconds: start (process created to every rank ready with its model built: the interpreter,
-    torch, the rendezvous, the slowest peer's start), model sync (DDP's construction: the broadcast, or the checksum), warm-up, the measured
-    steps. Columns wall_rank_start_s, wall_model_sync_s, wall_warmup_s, wall_measured_s (docs/results-format.md)."""
-    import psutil
-
-    created = psutil.Process().create_time()
+    """Rank 0's life in seconds: start (this module loaded, tens of ms after the interpreter, to every rank ready
+    with its model built: torch, the rendezvous, the slowest peer's start), model sync (DDP's construction: the
+    broadcast, or the checksum), warm-up, the measured steps. Columns wall_rank_start_s, wall_model_sync_s,
+    wall_warmup_s, wall_measured_s (docs/results-format.md)."""
     return {
-        "wall_rank_start_s": WALL["model_built"] - created,
+        "wall_rank_start_s": WALL["model_built"] - WALL["started"],
         "wall_model_sync_s": WALL["model_synced"] - WALL["model_built"],
         "wall_warmup_s": WALL["warm"] - WALL["model_synced"],
         "wall_measured_s": WALL["loop_done"] - WALL["warm"],
