@@ -50,7 +50,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "wall_probe_s": pa.float64(),  # the iperf3 check (0 with --no-probe)
     "wall_ranks_s": pa.float64(),  # the ranks' start to their exit
     "wall_teardown_s": pa.float64(),  # fetching records, ending the ranks, restoring the shaping
-    "wall_rank_start_s": pa.float64(),  # rank 0: process created to every rank ready with its model (a barrier)
+    "wall_rank_start_s": pa.float64(),  # rank 0: its module loaded to every rank ready with its model
     "wall_model_sync_s": pa.float64(),  # rank 0: DDP's construction (the model broadcast, or the checksum)
     "wall_warmup_s": pa.float64(),  # rank 0: the warm-up steps
     "wall_measured_s": pa.float64(),  # rank 0: the measured steps
