@@ -47,7 +47,7 @@ from testbed.report.analysis import (
 from testbed.report.figures import plot_phases, plot_scaling, plot_time_vs_bandwidth, variant_colors
 from testbed.report.searches import load_searches, search_notes, searches_of
 from testbed.report.shapes import split_shapes, straggler_figures
-from testbed.report.timeline import report_timelines
+from testbed.report.timeline import asked_trials, report_timelines
 
 __all__ = [
     "DENSE_BASELINES",
@@ -105,6 +105,7 @@ def build_report(
     ok, notes, counts = check_results(df)
     ok, convergence = split_convergence(ok)  # runs to a target accuracy: the time-to-accuracy section (issue 33)
     ok, shaped = split_shapes(ok)  # stragglers, cross traffic, racks: their own figure, not points of the flat curves
+    asked_trials(ok, results_dir, tuple(timeline_trials))  # a bad --timeline id: one line, before anything is drawn
     s = ModelSettings(latency_s, None if auto else efficiency, hook_blocks_backward, tuple(calibrations))
     if auto:
         fitted, used = fit_efficiency_from_trials(ok, profiles, s)

@@ -194,23 +194,30 @@ def _label(row: pd.Series) -> str:
     return f"{row['compressor']}{extra}{mode} @ {rate_txt}, {int(row['world_size'])} ranks, {row['model']}"
 
 
-def report_timelines(ok: pd.DataFrame, results_dir: str | Path | None, out: Path,
-                     trial_ids: tuple[str, ...] = ()) -> tuple[list[tuple[str, Path]], list[str]]:  # fmt: skip
-    """(caption, png) per drawn trial and notes. Draws the trials named in `trial_ids` (InputError when one is not
-    in `ok` or has no timeline) and, for each variant with timelines, its trial at the lowest rate; writes each
-    one's Chrome trace as timeline_<id>.trace.json beside the PNG."""
-    if results_dir is None:
-        if trial_ids:
-            raise InputError("--timeline needs the results directory the trials are stored in")
-        return [], []
-    figures: list[tuple[str, Path]] = []
-    notes: list[str] = []
-    rows: list[pd.Series] = []
+def asked_trials(ok: pd.DataFrame, results_dir: str | Path | None, trial_ids: tuple[str, ...]) -> list[pd.Series]:
+    """The rows of the trials `--timeline` names; InputError (before the report draws or writes anything) when the
+    results directory is unknown or one is not an ok trial of it."""
+    if trial_ids and results_dir is None:
+        raise InputError("--timeline needs the results directory the trials are stored in")
+    rows = []
     for tid in trial_ids:
         hit = ok[ok["trial_id"] == tid] if "trial_id" in ok.columns else ok.iloc[0:0]
         if hit.empty:
             raise InputError(f"--timeline {tid}: no ok trial with this id in {results_dir}; see `testbed results`")
         rows.append(hit.iloc[0])
+    return rows
+
+
+def report_timelines(ok: pd.DataFrame, results_dir: str | Path | None, out: Path,
+                     trial_ids: tuple[str, ...] = ()) -> tuple[list[tuple[str, Path]], list[str]]:  # fmt: skip
+    """(caption, png) per drawn trial and notes. Draws the trials named in `trial_ids` (InputError when one is not
+    in `ok` or has no timeline) and, for each variant with timelines, its trial at the lowest rate; writes each
+    one's Chrome trace as timeline_<id>.trace.json beside the PNG."""
+    if results_dir is None and not trial_ids:
+        return [], []
+    rows: list[pd.Series] = asked_trials(ok, results_dir, trial_ids)
+    figures: list[tuple[str, Path]] = []
+    notes: list[str] = []
     if "timeline_iters" in ok.columns:
         with_tl = ok[ok["timeline_iters"].fillna(0) > 0].copy()
         if not with_tl.empty:

@@ -37,7 +37,7 @@ def _ok(done, what):
 
 def test_time_to_accuracy_on_fashion_mnist(make_cluster, testbed_cli, tmp_path):
     from testbed.report import report_from_dir
-    from testbed.results import load_results
+    from testbed.results import SCHEMA_VERSION, load_results
 
     name = make_cluster(2)
     out = tmp_path / "res"
@@ -52,7 +52,7 @@ def test_time_to_accuracy_on_fashion_mnist(make_cluster, testbed_cli, tmp_path):
     thr = df[df["target_accuracy"].isna()].iloc[0]
 
     # sync SGD reaches the stated target within the bounded budget, and the trial stops there
-    assert conv["data"] == "fashion-mnist" and conv["schema_version"] == 3
+    assert conv["data"] == "fashion-mnist" and conv["schema_version"] == SCHEMA_VERSION
     assert conv["reached_target"] and conv["steps_to_target"] <= MAX_STEPS
     assert conv["steps_run"] == conv["steps_to_target"] < MAX_STEPS
     curve = json.loads(conv["curve"])

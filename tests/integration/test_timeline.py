@@ -155,6 +155,7 @@ def test_timeline_trace_and_report_on_two_hosts(make_cluster, testbed_cli, tmp_p
 
     bad = testbed_cli("report", str(out), "--out", str(tmp_path / "rep2"), "--timeline", "0123456789abcdef")
     assert bad.returncode == 2 and "--timeline 0123456789abcdef" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    assert not (tmp_path / "rep2").exists()  # refused before the report made its directory or drew a figure
 
 
 def test_timeline_flag_bad_input(testbed_cli, tmp_path):
