@@ -234,20 +234,26 @@ def next_step(s: Settings, measured: Mapping[int, Point]) -> Measure | Answer:
         if ties:  # find the decided rates around the tied ones (or the range's ends), x step^2 at a time
             below = [r for r, _ in side if r < min(ties)]
             above = [r for r, _ in side if r > max(ties)]
+            out: list[int] = []  # the unexplored sides, x step^2 out (snapping may land on a rate already tied)
             if not below and min(ties) > lo_b:
-                rate = _snap(max(min(ties) / s.step**2, lo_b), None, s)
-            elif not above and max(ties) < hi_b:
-                rate = _snap(min(max(ties) * s.step**2, hi_b), None, s)
-            else:
-                return _tie(ties[0], visits, verdicts, max(below, default=min(ties)), min(above, default=max(ties)))
-            continue
+                out.append(_snap(max(min(ties) / s.step**2, lo_b), None, s))
+            if not above and max(ties) < hi_b:
+                out.append(_snap(min(max(ties) * s.step**2, hi_b), None, s))
+            fresh = [r for r in out if r not in verdicts]
+            if fresh:
+                rate = fresh[0]
+                continue
+            return _tie(ties[0], visits, verdicts, max(below, default=min(ties)), min(above, default=max(ties)))
         if side[0][1].outcome != v.outcome:
             break
         up = v.outcome == WIN  # C wins here: the crossing (C faster below it) lies above
         end = hi_b if up else lo_b
         if rate == end:
             return Answer("always" if up else "never", lo_b, hi_b, visits=tuple(visits))
-        rate = _snap(_step_out(side, up, s), None, s)
+        nxt = _snap(_step_out(side, up, s), None, s)
+        rate = nxt if nxt not in verdicts else end  # a stored rate snapped back onto one visited: go to the end
+    else:
+        raise AssertionError("crossover search: no bracket after MAX_POINTS rates")  # pragma: no cover
     prev = side[-2][0]
     a, b = min(prev, rate), max(prev, rate)
     moved: list[str] = []  # the outcome of each refinement: which end of the bracket it replaced

@@ -1,7 +1,8 @@
 """`testbed crossover` on a real 2-host local cluster with real gloo ranks (root).
 
-The mlp of the catalogue at batch 8 crosses over inside 2-128 Mbit/s at 2 hosts (sync SGD's 76 KB of gradient
-against ACP-SGD's few KB: about 25 ms against 10 ms at 20 Mbit/s, 8 ms against 11 ms at 100 Mbit/s), so a search and
+The mlp of the catalogue at batch 8 crosses over inside 2-512 Mbit/s at 2 hosts (sync SGD's 76 KB of gradient
+against ACP-SGD's few KB: about 25 ms against 10 ms at 20 Mbit/s, 8 ms against 11 ms at 100 Mbit/s; the range reaches
+512 Mbit/s, where sync SGD's wire time is about 1 ms, because on a loaded machine ACP-SGD once won at 128), so a search and
 a small grid fit in a few minutes on 2 cores. Answers are compared, never timed: a loaded machine moves the numbers.
 """
 
@@ -17,8 +18,8 @@ from conftest import one_line
 pytestmark = pytest.mark.root
 
 FAST = ["--model", "mlp", "--batch-size", "8", "--iters", "8", "--warmup-iters", "2", "--no-probe"]
-RANGE = "2mbit..128mbit"
-GRID = "2mbit,8mbit,32mbit,128mbit"
+RANGE = "2mbit..512mbit"
+GRID = "2mbit,8mbit,32mbit,128mbit,512mbit"
 
 
 def _search(testbed_cli, name: str, out: Path, *flags: str, timeout_s: float = 400) -> dict:
@@ -55,13 +56,13 @@ def test_search_brackets_the_grid_crossover_in_fewer_trials_and_resumes(make_clu
     assert s["done"] and s["kind"] in ("crossover", "tie"), s
     low, high = s["bracket_bps"]
     # the grid places its crossover between two of its rates 4x apart; the search's answer must agree with it
-    grid_rates = [2e6, 8e6, 32e6, 128e6]
+    grid_rates = [2e6, 8e6, 32e6, 128e6, 512e6]
     g_lo = max(r for r in grid_rates if r <= grid_bps)
     g_hi = min(r for r in grid_rates if r >= grid_bps)
     assert low <= g_hi and high >= g_lo, (s, grid_bps)
     if s["kind"] == "crossover":
         assert high / low <= 2.0 + 1e-6 and s["wins_below"] is True
-    assert s["trials"] == s["trials_run_now"] < 8, s  # the grid: 8 trials
+    assert s["trials"] == s["trials_run_now"] < 10, s  # the grid: 10 trials
     assert (tmp_path / "search" / "profiles" / "mlp-bs8-cpu.json").is_file()  # measured beside the results
     assert s["predicted_kind"] in ("crossover", "always", "never")
     # every trial is an ordinary row of the store; the search's state is kept beside them for the report

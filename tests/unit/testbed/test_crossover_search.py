@@ -213,3 +213,23 @@ def test_a_search_is_matched_to_the_report_curve_of_its_compressor_and_options()
 
     assert report_variant({"compressor": "acpsgd", "options": {"rank": 4}}) == "acpsgd[rank=4]"
     assert report_variant({"compressor": "syncsgd", "options": {}}) == "syncsgd"
+
+
+def test_a_tie_whose_step_out_snaps_back_onto_it_is_answered():
+    """Measured on a loaded machine (mlp, 2 hosts, 2mbit..512mbit, --precision 100%, the model's guess 468 Mbit/s):
+    a tie at 468 Mbit/s, then ACP-SGD won at 29.2 Mbit/s; the step out above the tie (512 Mbit/s, the range's end)
+    snapped back onto the stored 468: the search must answer (a tie between the decided rate and the range's end
+    side), not revisit the tie until its guard runs out (an IndexError before)."""
+
+    def run(t):
+        return cs.Run(t, t * 0.9, t * 1.1)
+
+    s = cs.Settings(2 * MBIT, 512 * MBIT, 1.0, repeats=2, start_bps=468_448_686, known_bps=(29_200_000, 468_000_000))
+    measured = {
+        29_200_000: cs.Point(29_200_000, (run(0.005856),), (run(0.017369),)),
+        468_000_000: cs.Point(468_000_000, (run(0.006737), run(0.006969)), (run(0.007421), run(0.005728))),
+    }
+    assert cs.judge(measured[468_000_000], 2).outcome == cs.TIE  # the premise: the two sides tie there
+    ans = cs.next_step(s, measured)
+    assert isinstance(ans, cs.Answer) and ans.kind == "tie", ans
+    assert ans.low_bps == 29_200_000 and ans.high_bps == 468_000_000
