@@ -32,7 +32,7 @@ from testbed.cli_common import (
 )
 from testbed.cluster import backends, registry
 from testbed.errors import ClusterError, InputError, TestbedError
-from testbed.run_cli import add_wait_flag
+from testbed.trial_args import add_wait_flag
 
 __all__ = ["ArgumentParser", "add_json", "add_name", "build_parser", "console", "main", "print_json"]
 
@@ -174,7 +174,7 @@ def _verify(cluster, shape: LinkShape | None) -> list[dict]:
 
 def cmd_down(args: argparse.Namespace) -> int:
     from testbed.cluster_lease import hold
-    from testbed.run_cli import wait_seconds
+    from testbed.trial_args import wait_seconds
 
     wait_s = wait_seconds(args)
     names = backends.all_cluster_names() if args.all else [registry.check_name(args.name)]
@@ -358,7 +358,7 @@ def cmd_shape(args: argparse.Namespace) -> int:
             sys.stdout.write(head + "\n" + "\n".join(lines) + "\n")
         return 0
     from testbed.cluster_lease import hold
-    from testbed.run_cli import wait_seconds
+    from testbed.trial_args import wait_seconds
 
     with hold(cluster.name, wait_s=wait_seconds(args)):  # never while a trial runs on these links
         cluster = backends.open_cluster(args.name)
@@ -405,7 +405,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     else:
         pairs = ring_pairs(hosts)[: args.max_pairs]
     from testbed.cluster_lease import hold
-    from testbed.run_cli import wait_seconds
+    from testbed.trial_args import wait_seconds
 
     results = []
     with hold(cluster.name, wait_s=wait_seconds(args)):  # a trial's shaping or traffic would falsify the measurement

@@ -32,7 +32,7 @@ def parse_range(text: str) -> tuple[int, int]:
 def _base_trials(args: argparse.Namespace, low_bps: int) -> list:
     """One trial per compressor at the bottom of the range, built from the trial flags as `sweep` builds them."""
     from testbed.config import parse_list
-    from testbed.run_cli import _sweep_trials as sweep_trials  # the grid from the flags, as `sweep` builds it
+    from testbed.trial_args import sweep_trials  # the grid from the flags, as `sweep` builds it
 
     names = parse_list(args.compressor, "--compressor")
     if args.against in names:
@@ -88,7 +88,7 @@ def _table(docs: list[dict[str, Any]]) -> Table:
 
 
 def add_commands(sub: Any) -> None:
-    from testbed.run_cli import add_trial_flags, add_wait_flag
+    from testbed.trial_args import add_trial_flags, add_wait_flag
 
     p = sub.add_parser(
         "crossover",

@@ -243,19 +243,19 @@ def find_crossovers(args, trials: list[Trial], settings: cs.Settings, profiles_d
     from testbed.cluster_lease import hold
     from testbed.config import parse_env_pairs
     from testbed.launch import STOP, STOPPED_BY, run_trial, stop_exit_code, stop_on_signals
-    from testbed.run_cli import _check_timeout, _cluster_for, _open_store, _probe_args, wait_seconds
+    from testbed.trial_args import check_timeout, cluster_for, open_store, probe_args, wait_seconds
 
-    _check_timeout(args.timeout)
+    check_timeout(args.timeout)
     user_env = parse_env_pairs(args.env, "--env")
     launch_plan.check_user_env(user_env)
-    probe_args = _probe_args(args)
+    probe_args = probe_args(args)
     wait = wait_seconds(args)
     against = args.against
     names = sorted({against, *(t.compressor for t in trials)})
     if args.no_measure:  # a missing profile is bad input: said before anything else is looked at
         profile_for(trials[0], names, profiles_dir, measure=False, say=say)
-    store = _open_store(args.out)
-    cluster = _cluster_for(args, args.world_size)
+    store = open_store(args.out)
+    cluster = cluster_for(args, args.world_size)
     hosts = cluster.hosts()
     trials = [launch_plan.resolve(t, hosts) for t in trials]
     prof, source = profile_for(trials[0], names, profiles_dir, measure=not args.no_measure, say=say)

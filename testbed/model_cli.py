@@ -189,7 +189,7 @@ def add_commands(subparsers: Any) -> None:
     )
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory for the JSON (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
-    from testbed.plugin_cli import add_plugin_flags
+    from testbed.trial_args import add_plugin_flags
 
     add_plugin_flags(p)
     p.set_defaults(func=cmd_profile)
@@ -218,7 +218,7 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the measurement is abandoned")
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory of the profiles (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored calibration as JSON")
-    from testbed.run_cli import add_wait_flag
+    from testbed.trial_args import add_wait_flag
 
     add_wait_flag(p)
     p.set_defaults(func=cmd_calibrate)
@@ -275,8 +275,8 @@ def add_commands(subparsers: Any) -> None:
 def cmd_profile(args: argparse.Namespace) -> int:
     from runners import catalog
     from testbed.outputs import check_output_dir
-    from testbed.plugin_cli import parse_opts
     from testbed.plugins import check_plugin_path, inspect
+    from testbed.trial_args import parse_opts
 
     check_profile_flags(args)
     compressors = parse_compressors(args.compressors)
@@ -334,7 +334,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from testbed.cluster_lease import hold
     from testbed.launch import stop_on_signals
     from testbed.outputs import check_output_dir
-    from testbed.run_cli import wait_seconds
+    from testbed.trial_args import wait_seconds
 
     unshaped = bw_is_unshaped(args)
     shape = shape_from_args(args)

@@ -10,30 +10,7 @@ from rich.table import Table
 from runners import catalog
 from testbed.cli_common import add_json, console, print_json
 from testbed.errors import InputError
-
-
-def parse_opts(items: list[str] | None, flag: str = "--opt") -> dict[str, Any]:
-    """`--opt key=value` words (repeatable) -> {key: value}; values read as JSON (numbers, true/false), else text."""
-    from runners.contract import parse_value
-
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"{flag} {item!r}: expected KEY=VALUE, e.g. {flag} ratio=0.05")
-        if key in out:
-            raise InputError(f"{flag} {key} given twice")
-        out[key] = parse_value(value)
-    return out
-
-
-def add_plugin_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--opt", action="append", metavar="KEY=VALUE",
-                   help="a compressor option (repeatable), e.g. --opt ratio=0.05; a plugin checks its own")  # fmt: skip
-    p.add_argument("--plugin-path", metavar="DIR",
-                   help="directory of a MODULE:FACTORY plugin: recorded with the trial and given to every rank as "
-                   "its PYTHONPATH (nothing else of this shell's environment reaches a rank). A plugin is code: "
-                   "in local mode it runs as root (checks and ranks); name only a directory only you can write")  # fmt: skip
+from testbed.trial_args import add_plugin_flags, parse_opts
 
 
 # ---------------------------------------------------------------------------------------------- compressors

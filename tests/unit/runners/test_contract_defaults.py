@@ -13,7 +13,7 @@ from testbed.config import Trial
 
 def test_trial_defaults_have_one_home():
     """Trial, RankArgs, `testbed run`'s flags and the sweep loader (through Trial) read runners.contract."""
-    from testbed.run_cli import TRIAL_FLAG_DEFAULTS, add_trial_flags
+    from testbed.trial_args import TRIAL_FLAG_DEFAULTS, add_trial_flags
 
     trial = {f.name: f.default for f in dataclasses.fields(Trial)}
     rank = {f.name: f.default for f in dataclasses.fields(RankArgs)}
