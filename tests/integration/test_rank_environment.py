@@ -13,6 +13,10 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.root
 
 
+def _exec_done(cmdline: bytes) -> bool:
+    return bool(cmdline) and b"netns_exec" not in cmdline
+
+
 def _environ(pid: int) -> dict[str, str]:
     raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
     return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
@@ -38,7 +42,8 @@ def test_a_local_rank_gets_the_loader_variables_and_no_secret_in_its_namespace(s
             procs.append(cluster.start(r.host, [sys.executable, *r.argv], env=dict(r.env),
                                        log_path=tmp_path / "logs" / r.log_name))  # fmt: skip
         for p in procs:  # the namespace wrapper (netns_exec.py) has exec'd the rank (same pid): its argv is the rank's
-            wait_for(lambda p=p: b"netns_exec" not in open(f"/proc/{p.pid}/cmdline", "rb").read(), 30, "rank exec")
+            # (an empty read is not the rank yet: during execve /proc/PID/cmdline reads empty for a moment)
+            wait_for(lambda p=p: _exec_done(open(f"/proc/{p.pid}/cmdline", "rb").read()), 30, "rank exec")
             assert b"fault_runner" in open(f"/proc/{p.pid}/cmdline", "rb").read()
             env = _environ(p.pid)
             assert env["LD_LIBRARY_PATH"] == "/opt/tbtest/lib" and env["VIRTUAL_ENV"] == "/opt/tbtest/venv"
