@@ -37,6 +37,22 @@ def _trace_mb(store: ResultsStore, row: dict) -> float:
     return sum(p.stat().st_size for p in Path(d).glob("trace_rank*.json")) / 1e6
 
 
+def in_loop_cost_us(n: int = 200_000) -> float:
+    """What `--timeline` adds inside the measured loop (runners/train.py): one tuple with the iteration's marks kept
+    by reference appended to a deque, timed with 40 marks and 40 intervals (microseconds per iteration)."""
+    import collections
+    import timeit
+    import types
+
+    from runners.timeline import MarkSnapshot
+
+    stats = types.SimpleNamespace(marks=[("ready", i, 0.1 * i, False) for i in range(40)],
+                                  intervals=[("encode", i, 0.1, 0.2, True) for i in range(40)], hook_end=1.0)  # fmt: skip
+    kept: collections.deque = collections.deque(maxlen=10)
+    marks = {"serial": False, "t0": 0.0}
+    return timeit.timeit(lambda: kept.append((1, 0.0, 0.5, None, marks, MarkSnapshot.of(stats))), number=n) / n * 1e6
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="resnet18")
@@ -48,6 +64,8 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--out", default=None, help="results directory (default: a temporary one)")
     args = ap.parse_args()
+    print(f"--timeline inside the measured loop: {in_loop_cost_us():.2f} us per iteration (bench.timeline_overhead."
+          "in_loop_cost_us)\n")  # fmt: skip
     store = ResultsStore(Path(args.out or tempfile.mkdtemp(prefix="timeline-overhead-")))
     cluster, _ = LocalCluster.up(NAME, 2, recreate=True)
     variants = {"plain": {}, "timeline": {"timeline_iters": args.iters}, "trace": {"trace_iters": args.trace}}
