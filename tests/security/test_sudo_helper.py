@@ -23,6 +23,7 @@ from tests.conftest import REPO, random_suffix, wait_for
 
 pytestmark = [
     pytest.mark.root,
+    pytest.mark.xdist_group("test_sudo_helper"),  # one module fixture (a sudo rule and a namespace) per run
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: installs a sudo rule and makes a namespace"),
     pytest.mark.skipif(
         shutil.which("sudo") is None or shutil.which("visudo") is None,

@@ -12,6 +12,8 @@ from testbed.report import build_report, measured_crossover, report_from_dir
 from testbed.report.analysis import crossover_verdict, decided_bracket, tie_flags, welch_p
 from testbed.results import COLUMNS as RESULTS_COLUMNS
 
+pytestmark = pytest.mark.xdist_group("test_report")  # the module's report is drawn once, on one xdist worker
+
 COLUMNS = list(RESULTS_COLUMNS)  # the results store's own columns: a frame as `testbed results` loads it
 
 
