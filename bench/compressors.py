@@ -22,7 +22,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -133,17 +132,26 @@ def ours_vs_pytorch(device, iters):
 
 
 def timer_overhead(runs: int, iters: int):
+    """Mean iteration time of one loopback training rank with the per-phase timers on and off: the rank's argv is
+    the contract's (RankArgs), started and watched by testbed.ranks like every other rank."""
+    from runners.contract import RankArgs, torchrun_env
+    from testbed import ranks
+
     def one(no_timing: bool):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         with tempfile.TemporaryDirectory() as out:
-            env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port))  # fmt: skip
-            cmd = [sys.executable, "-m", "runners.train", "--model", "resnet18", "--image-size", "32",
-                   "--batch-size", "16", "--compressor", "powersgd", "--iters", str(iters), "--warmup-iters", "3",
-                   "--out", out] + (["--no-timing"] if no_timing else [])  # fmt: skip
-            subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=600)
+            args = RankArgs(model="resnet18", out=out, compressor="powersgd", image_size=32, batch_size=16,
+                            iters=iters, warmup_iters=3, backend="gloo", iface="lo", no_timing=no_timing)  # fmt: skip
+            env = {**os.environ, **torchrun_env(rank=0, world_size=1, local_rank=0, local_world_size=1, group_rank=0,
+                                                master_addr="127.0.0.1", master_port=port)}  # fmt: skip
+            rank = ranks.Rank(ranks.THIS_MACHINE.host, [sys.executable, "-m", "runners.train", *args.to_argv()], env,
+                              Path(out, "rank0.log"), REPO)  # fmt: skip
+            with ranks.running(ranks.THIS_MACHINE, [rank]) as procs:
+                watched = ranks.watch(procs, deadline=time.monotonic() + 600)
+            if not watched.ok:
+                raise SystemExit(f"timer-overhead rank failed: {Path(out, 'rank0.log').read_text()[-2000:]}")
             return json.loads(Path(out, "summary.json").read_text())["iter_time_s_mean"]
 
     on, off = [], []
