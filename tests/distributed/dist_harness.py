@@ -2,7 +2,10 @@
 
 No mocks: each rank is a process with its own gloo process group (FileStore rendezvous in a temp dir, so no port
 races; gloo's own connections go over loopback). A failing rank cannot hang the test: the process group has a
-collective timeout, and the harness kills (by PID) every rank still alive at the deadline.
+collective timeout, and the harness kills (by PID) every rank still alive at the deadline. The deadline counts from
+the moment every rank has joined the process group: starting a rank (importing torch) takes seconds on a quiet machine
+and many more on a loaded one, and must not eat the time given to the work (a control that must fail in the work
+would pass on a timeout before it began).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from datetime import timedelta
 import torch.multiprocessing as mp
 
 COLLECTIVE_TIMEOUT_S = 30
+START_TIMEOUT_S = 180.0  # to start every rank and join the group: ~5 s on a quiet 2-core machine
+POLL_S = 0.05
 
 
 def _entry(fn, rank, world, store_path, out_dir, args, collective_timeout_s=COLLECTIVE_TIMEOUT_S, env=None):
@@ -34,6 +39,7 @@ def _entry(fn, rank, world, store_path, out_dir, args, collective_timeout_s=COLL
             world_size=world,
             timeout=timedelta(seconds=collective_timeout_s),
         )
+        open(os.path.join(out_dir, f"rank{rank}.ready"), "w").close()
         try:
             result = fn(rank, world, *args)
             dist.barrier()  # leave together: a rank tearing its pairs down while a peer still talks can abort
@@ -58,9 +64,11 @@ def run_world(
     timeout_s: float = 120.0,
     collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
     env: dict | None = None,
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> list:
     """``fn(rank, world, *args)`` on ``world`` ranks; returns the per-rank results (picklable) in rank order.
-    ``env`` is set in each rank before torch is imported (e.g. TORCH_DISTRIBUTED_DEBUG)."""
+    ``env`` is set in each rank before torch is imported (e.g. TORCH_DISTRIBUTED_DEBUG). ``timeout_s`` counts from the
+    moment every rank joined the group (at most ``start_timeout_s`` after the start), or one ended before that."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="gcdist-") as tmp:
         store = os.path.join(tmp, "store")
@@ -68,6 +76,11 @@ def run_world(
                  for r in range(world)]  # fmt: skip
         for p in procs:
             p.start()
+        started = time.monotonic() + start_timeout_s
+        ready = [os.path.join(tmp, f"rank{r}.ready") for r in range(world)]
+        while (time.monotonic() < started and not all(map(os.path.exists, ready))
+               and all(p.is_alive() for p in procs)):  # fmt: skip
+            time.sleep(POLL_S)  # polling a condition under a deadline
         deadline = time.monotonic() + timeout_s
         try:
             for p in procs:
@@ -87,7 +100,9 @@ def run_world(
         if errors:
             raise AssertionError("\n".join(errors))
         if hung:
-            raise TimeoutError(f"ranks {[procs.index(p) for p in hung]} still running after {timeout_s}s")
+            joined = sum(map(os.path.exists, ready))
+            raise TimeoutError(f"ranks {[procs.index(p) for p in hung]} still running {timeout_s}s after {joined} of "
+                               f"{world} ranks joined the group")  # fmt: skip
         bad = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
         if bad:
             raise AssertionError(f"ranks exited non-zero: {bad}")

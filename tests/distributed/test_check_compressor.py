@@ -1,7 +1,7 @@
 """`testbed check-compressor`: the conformance suite on real gloo ranks (2 processes, loopback, 44 DDP buckets,
 per-rank random delays). Every built-in compressor passes; PyTorch's own powerSGD_hook fails the order check with the
 reason; a plugin that lies (claims LOSSLESS, forgets its residuals in state_dict) fails exactly those checks.
-About 100 s on 2 cores."""
+About 90 s on 2 cores."""
 
 from __future__ import annotations
 
@@ -49,12 +49,10 @@ def test_pytorch_powersgd_hook_fails_the_order_check_with_the_reason():
     assert "check(s) failed" in lines[-1]
 
 
-def test_the_example_plugin_passes_through_the_cli():
-    done = _cli("check-compressor", "randk:make", "--plugin-path", "examples", "--opt", "ratio=0.1")
-    assert done.returncode == 0, done.stdout + done.stderr
-    status = {line.split()[1]: line.split()[0] for line in done.stdout.splitlines()[:-1]}
-    assert status == {"order": "PASS", "replicas": "PASS", "lossless": "SKIP", "payload": "PASS",
-                      "state_dict": "PASS", "pending": "PASS", "time": "PASS"}  # fmt: skip
+# The example plugin passing through the CLI (exit 0, every check ok, `--opt ratio=...` forwarded) is
+# tests/security/test_plugin_code.py::test_check_compressor_imports_nothing_of_the_current_directory; the CLI's text
+# lines are read by the test above; what the checks say of randk's state and LOSSLESS, by the liar below (the honest
+# class, less two lies, fails nothing else).
 
 
 LIAR = '''

@@ -1,4 +1,8 @@
-"""Compressor hooks on 2 and 3 real gloo ranks (spawned processes on 127.0.0.1), through DDP and directly."""
+"""Compressor hooks on 2 and 3 real gloo ranks (spawned processes on 127.0.0.1), through DDP and directly.
+
+Two launches for the whole module (each rank's start, torch's import, is most of the cost): every 2-rank check runs in
+one job (`two_rank`), every 3-rank check in another (`three_rank`), each a module fixture read by many tests.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import torch
 from dist_harness import run_world
 from torch.testing import assert_close
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("test_compressors_dist")]  # module-scoped jobs
 
 TINY_CAP_MB = 0.0001  # ~100 bytes: every parameter gets its own DDP bucket
 
@@ -129,8 +133,18 @@ def _equivalence_worker(rank, world):
     return out
 
 
+def _two_rank_worker(rank, world):
+    """Every 2-rank check in one job: the equivalences, the learning runs, then (last: it disables torch.cuda's stream
+    calls in this process) the overlapping hooks on CPU."""
+    out = _equivalence_worker(rank, world)
+    out["trained"] = _train_worker(rank, world, TRAIN_CONFIGS, TRAIN_STEPS)
+    out["cpu_no_cuda"] = _cpu_touches_no_cuda_worker(rank, world)
+    return out
+
+
 def _three_rank_worker(rank, world):
-    """signSGD majority vote on a hand-made bucket, and multi-bucket training consistency with 3 ranks."""
+    """signSGD majority vote on a hand-made bucket, multi-bucket training consistency, and the half-precision casts
+    (from tests/distributed/test_overlap_stress.py) with 3 ranks."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from runners import compressors
@@ -162,6 +176,21 @@ def _three_rank_worker(rank, world):
             opt.step()
             opt.zero_grad(set_to_none=False)
         out[f"params_{name}"] = torch.cat([p.detach().reshape(-1) for p in ddp.module.parameters()])
+    out["cast"] = _cast_worker(rank, world)
+    return out
+
+
+def _cast_worker(rank, world):
+    from runners import compressors
+    from runners.compressors import FlatBucket
+
+    g = torch.randn(1000, generator=torch.Generator().manual_seed(rank)) * 100
+    g[0] = 70000.0  # above fp16's max: cast first overflows (as torch's fp16_compress_hook); divide first would not
+    out = {"g": g}
+    for overlap in (False, True):
+        for name in ("fp16", "bf16"):
+            state, hook = compressors.get(name, overlap=overlap)
+            out[(name, overlap)] = hook(state, FlatBucket(0, g.clone(), [(1000,)], True)).wait().clone()
     return out
 
 
@@ -195,7 +224,8 @@ def _train_worker(rank, world, configs, steps):
 
 @pytest.fixture(scope="module")
 def two_rank():
-    return run_world(_equivalence_worker, 2)
+    # about 25 s of work on a quiet machine (the 9 learning runs most of it): a generous deadline for a loaded one
+    return run_world(_two_rank_worker, 2, timeout_s=200)
 
 
 def test_syncsgd_equals_single_process_on_concatenated_batch(two_rank):
@@ -273,7 +303,7 @@ def test_topk_residual_keeps_all_but_k_entries(two_rank):
 
 @pytest.fixture(scope="module")
 def three_rank():
-    return run_world(_three_rank_worker, 3)
+    return run_world(_three_rank_worker, 3, timeout_s=200)
 
 
 @pytest.mark.parametrize("ef", [False, True])
@@ -325,14 +355,9 @@ TRAIN_STEPS = 100
 LOSS_THRESHOLD = 1.0  # from ln(10) = 2.3 at init; a hook that loses the gradient stays near 2.3
 
 
-@pytest.fixture(scope="module")
-def trained():
-    return run_world(_train_worker, 2, TRAIN_CONFIGS, TRAIN_STEPS)
-
-
 @pytest.mark.parametrize("key", [c[0] for c in TRAIN_CONFIGS])
-def test_every_compressor_learns_the_synthetic_task(trained, key):
-    losses = trained[0][key]
+def test_every_compressor_learns_the_synthetic_task(two_rank, key):
+    losses = two_rank[0]["trained"][key]
     assert losses[0] > 2.0
     final = sum(losses[-4:]) / 4
     assert final < LOSS_THRESHOLD, f"{key}: loss {losses[0]:.3f} -> {final:.3f} after {TRAIN_STEPS} steps"
@@ -359,6 +384,20 @@ def _cpu_touches_no_cuda_worker(rank, world):
     return out
 
 
-def test_overlapping_hooks_on_cpu_touch_no_cuda_and_equal_the_blocking_mode():
-    for rank_result in run_world(_cpu_touches_no_cuda_worker, 2):
-        assert rank_result == {"powersgd": True, "fp16": True, "topk": True, "signsgd": True}
+def test_overlapping_hooks_on_cpu_touch_no_cuda_and_equal_the_blocking_mode(two_rank):
+    for rank_result in two_rank:
+        assert rank_result["cpu_no_cuda"] == {"powersgd": True, "fp16": True, "topk": True, "signsgd": True}
+
+
+def test_half_precision_casts_first_then_divides_in_16_bits(three_rank):
+    """fp16: an entry above 65504 overflows when cast first (torch's fp16_compress_hook) and stays finite when
+    divided first; the rest is the 16-bit average, the same with overlap on and off."""
+    res = [three_rank[r]["cast"] for r in range(3)]
+    for name, dtype, tol in (("fp16", torch.float16, 2e-3), ("bf16", torch.bfloat16, 2e-2)):
+        want = sum(res[r]["g"].to(dtype).div_(3).float() for r in range(3))
+        for r in range(3):
+            on, off = res[r][(name, True)], res[r][(name, False)]
+            assert torch.equal(on, off) and torch.equal(on, res[0][(name, True)])
+            assert_close(on[1:], want[1:], rtol=tol, atol=100 * tol)  # |g| ~ 100: 16-bit sums round
+    assert torch.isinf(res[0][("fp16", True)][0])  # divide first would give 70000 / 3 * 3, finite
+    assert torch.isfinite(res[0][("bf16", True)][0])
