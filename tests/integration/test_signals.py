@@ -16,12 +16,41 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, cluster_netns, one_line, pids_in_netns, random_suffix, run_cli, wait_for
+from conftest import (
+    REPO,
+    _teardown_cluster,
+    cluster_netns,
+    one_line,
+    pids_in_netns,
+    random_suffix,
+    root_skip_reason,
+    run_cli,
+    wait_for,
+)
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.xdist_group("test_signals")]  # module-scoped cluster
 
 FAST = ["--model", "mlp", "--batch-size", "8", "--iters", "3", "--warmup-iters", "2", "--no-probe"]
 FAULT_RUNNER = ["--runner-module", "tests.integration.fault_runner"]
+
+
+@pytest.fixture(scope="module")
+def cluster(state_dir: Path):
+    """One 2-host cluster shaped at 1gbit, shared by the tests that leave it as they found it (no processes left in
+    its namespaces, its own shaping back); the tests that take a cluster down make their own."""
+    reason = root_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    env = dict(os.environ, TESTBED_STATE_DIR=str(state_dir), COLUMNS="200")
+    env.pop("TESTBED_CLUSTER", None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    name = "t" + random_suffix()
+    try:
+        done = run_cli(env, "up", "--name", name, "--hosts", "2", "--bw", "1gbit")
+        assert done.returncode == 0, done.stderr
+        yield name
+    finally:
+        _teardown_cluster(env, name)
 
 
 def start_run(env: dict[str, str], name: str, out: Path, *extra: str, fault: str = "hang") -> subprocess.Popen:
@@ -77,16 +106,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_sigterm_and_sighup_stop_the_trial_like_ctrl_c(make_cluster, cli_env, testbed_cli, tmp_path, sig):
+def test_sigterm_and_sighup_stop_the_trial_like_ctrl_c(cluster, cli_env, testbed_cli, tmp_path, sig):
     """A closed SSH session (SIGHUP) or a CI cancel (SIGTERM): ranks ended, shaping restored, row interrupted."""
-    name = make_cluster(2, "--bw", "1gbit")
+    name = cluster
     out = tmp_path / "res"
     proc = start_run(cli_env, name, out, "--bw", "100mbit")
     try:
-        pids = wait_for(lambda: rank_pids(out), 60, "both ranks started")
+        pids = wait_for(lambda: rank_pids(out), 240, "both ranks started")
         assert link_rates(testbed_cli, name) == {100_000_000}  # the trial's shaping is on
         proc.send_signal(sig)
-        assert proc.wait(60) == 128 + sig, stderr_of(proc)
+        assert proc.wait(120) == 128 + sig, stderr_of(proc)
     finally:
         stop(proc)
     assert not [p for p in pids if alive(p)], "ranks still running after the controller stopped"
@@ -97,14 +126,14 @@ def test_sigterm_and_sighup_stop_the_trial_like_ctrl_c(make_cluster, cli_env, te
     assert row["rate_bps"] == 100_000_000
 
 
-def test_sigkill_leftovers_are_ended_by_the_next_command(make_cluster, cli_env, testbed_cli, tmp_path):
+def test_sigkill_leftovers_are_ended_by_the_next_command(cluster, cli_env, testbed_cli, tmp_path):
     """SIGKILL cannot be handled: the next command that takes the cluster ends the ranks, restores the shaping,
     stores the killed trial's row as interrupted and says so in one line."""
-    name = make_cluster(2, "--bw", "1gbit")
+    name = cluster
     out = tmp_path / "res"
     proc = start_run(cli_env, name, out, "--bw", "100mbit")
     try:
-        pids = wait_for(lambda: rank_pids(out), 60, "both ranks started")
+        pids = wait_for(lambda: rank_pids(out), 240, "both ranks started")
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -135,7 +164,7 @@ def test_sigkill_then_down_ends_the_leftovers_and_keeps_the_row(make_cluster, cl
     out = tmp_path / "res"
     proc = start_run(cli_env, name, out, "--bw", "100mbit")
     try:
-        pids = wait_for(lambda: rank_pids(out), 60, "both ranks started")
+        pids = wait_for(lambda: rank_pids(out), 240, "both ranks started")
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
@@ -157,10 +186,10 @@ def mounted(what: list[str], where: Path):
 
 
 @pytest.mark.parametrize("fault", ["full", "read-only"])
-def test_a_full_or_read_only_results_directory_keeps_the_row(make_cluster, cli_env, testbed_cli, tmp_path, fault):
+def test_a_full_or_read_only_results_directory_keeps_the_row(cluster, cli_env, testbed_cli, tmp_path, fault):
     """The row cannot be stored at the end of an ok trial: one line, exit 1, the row kept beside the trial's records,
     and the command the line prints stores it once the directory is writable again."""
-    name = make_cluster(2)
+    name = cluster
     out = tmp_path / "res"
     (out / "rows").mkdir(parents=True)
     gate = tmp_path / "gate"
@@ -171,7 +200,7 @@ def test_a_full_or_read_only_results_directory_keeps_the_row(make_cluster, cli_e
             stack.enter_context(mounted(["--bind", str(out / "rows")], out / "rows"))
         proc = start_run(cli_env, name, out, "--bw", "100mbit", fault=f"gate:{gate}")
         try:
-            wait_for(lambda: rank_pids(out), 60, "both ranks started")
+            wait_for(lambda: rank_pids(out), 240, "both ranks started")
             if fault == "full":
                 fd = os.open(out / "rows" / ".filler", os.O_WRONLY | os.O_CREAT)
                 with contextlib.suppress(OSError):
@@ -181,7 +210,7 @@ def test_a_full_or_read_only_results_directory_keeps_the_row(make_cluster, cli_e
             else:
                 subprocess.run(["mount", "-o", "remount,bind,ro", str(out / "rows")], check=True)
             gate.touch()
-            assert proc.wait(120) == 1
+            assert proc.wait(240) == 1
         finally:
             stop(proc)
         line = one_line(stderr_of(proc))
@@ -226,15 +255,15 @@ for ns in $(ip netns list | awk '{{print $1}}'); do ip netns delete "$ns"; done
 
 
 @pytest.mark.parametrize("hosts", [",,", "h0,,h1", " "])
-def test_shape_with_empty_host_names_is_refused(make_cluster, testbed_cli, hosts):
-    name = make_cluster(2, "--bw", "1gbit")
+def test_shape_with_empty_host_names_is_refused(cluster, testbed_cli, hosts):
+    name = cluster
     done = testbed_cli("shape", "--name", name, "--bw", "200mbit", "--hosts", hosts)
     assert done.returncode == 2
     assert "--hosts" in one_line(done.stderr)
     assert link_rates(testbed_cli, name) == {1_000_000_000}  # nothing changed
 
 
-def test_a_failing_kill_skips_neither_the_other_kills_nor_the_restore(make_cluster, testbed_cli, tmp_path):
+def test_a_failing_kill_skips_neither_the_other_kills_nor_the_restore(cluster, testbed_cli, tmp_path):
     """One process whose kill fails (an SSH connection down, an squeue error: a stand-in here, since a host cannot be
     made unreachable mid-call on this machine) must not keep the next process from being ended nor the shaping from
     being put back; the failure is reported."""
@@ -244,11 +273,11 @@ def test_a_failing_kill_skips_neither_the_other_kills_nor_the_restore(make_clust
     from testbed.errors import ClusterError
     from testbed.launch import end_trial
 
-    name = make_cluster(2, "--bw", "1gbit")
-    cluster = backends.open_cluster(name)
-    hosts = cluster.hosts()
-    configured = cluster.recorded_shape()
-    cluster.apply_shaping(LinkShape.from_dict({"rate_bps": 100_000_000}), hosts)  # the trial's rate
+    name = cluster
+    opened = backends.open_cluster(name)
+    hosts = opened.hosts()
+    configured = opened.recorded_shape()
+    opened.apply_shaping(LinkShape.from_dict({"rate_bps": 100_000_000}), hosts)  # the trial's rate
 
     class Unreachable(RankProcess):
         host = hosts[0]
@@ -259,8 +288,8 @@ def test_a_failing_kill_skips_neither_the_other_kills_nor_the_restore(make_clust
         def kill_group(self):
             raise ClusterError("host h0: ssh: connection refused")
 
-    real = cluster.start(hosts[1], ["sleep", "600"], env={}, log_path=tmp_path / "sleep.log")
-    problems = end_trial(cluster, [Unreachable(), real], configured, hosts, lambda _m: None)
+    real = opened.start(hosts[1], ["sleep", "600"], env={}, log_path=tmp_path / "sleep.log")
+    problems = end_trial(opened, [Unreachable(), real], configured, hosts, lambda _m: None)
     assert len(problems) == 1 and "connection refused" in problems[0]
     assert real.poll() is not None and not alive(real.pid)
     assert link_rates(testbed_cli, name) == {1_000_000_000}
