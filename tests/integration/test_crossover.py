@@ -4,6 +4,11 @@ The mlp of the catalogue at batch 8 crosses over inside 2-512 Mbit/s at 2 hosts 
 against ACP-SGD's few KB: about 25 ms against 10 ms at 20 Mbit/s, 8 ms against 11 ms at 100 Mbit/s; the range reaches
 512 Mbit/s, where sync SGD's wire time is about 1 ms, because on a loaded machine ACP-SGD once won at 128), so a search and
 a small grid fit in a few minutes on 2 cores. Answers are compared, never timed: a loaded machine moves the numbers.
+Kept cheap (the suite runs these beside other tests): the grid-against-search test runs a 3-rate grid over 8-512
+Mbit/s and one run per side and rate (--repeats 1: the medians decide, as the grid's do; the tie test on repeats and
+"fewer trials than a grid" are unit-tested in tests/unit/testbed/test_crossover_search.py); the always/never test
+carries the report, the kept search state, the rerun that resumes and the trial-records check (its stored sync SGD
+row against one forced-broadcast trial), all on its one cluster.
 """
 
 from __future__ import annotations
@@ -18,8 +23,13 @@ from conftest import one_line
 pytestmark = pytest.mark.root
 
 FAST = ["--model", "mlp", "--batch-size", "8", "--iters", "8", "--warmup-iters", "2", "--no-probe"]
-RANGE = "2mbit..512mbit"
-GRID = "2mbit,8mbit,32mbit,128mbit,512mbit"
+RANGE = "8mbit..512mbit"  # sync SGD's wire time about 57 ms at the bottom (ACP-SGD wins), 1 ms at the top (it loses)
+GRID_BPS = [8e6, 64e6, 512e6]
+GRID = ",".join(f"{int(r / 1e6)}mbit" for r in GRID_BPS)
+SEARCH = ["--compressor", "acpsgd", "--bw-range", RANGE, "--precision", "100%", "--repeats", "1"]
+# one run per side decides by the medians: 2-8 Mbit/s is far from the crossover (sync SGD's wire time 57-230 ms), but on
+# a loaded machine the p5..p95 ranges of 8 iterations overlap there and the default 3 repeats would triple the trials
+ALWAYS = ["--compressor", "acpsgd", "--bw-range", "2mbit..8mbit", "--repeats", "1"]
 
 
 def _search(testbed_cli, name: str, out: Path, *flags: str, timeout_s: float = 400) -> dict:
@@ -39,7 +49,7 @@ def _grid_crossover(out: Path) -> tuple[str, float | None]:
     return measured_crossover(rates, [t[("syncsgd", r)] / t[("acpsgd", r)] for r in rates])
 
 
-def test_search_brackets_the_grid_crossover_in_fewer_trials_and_resumes(make_cluster, testbed_cli, tmp_path):
+def test_search_brackets_the_grid_crossover(make_cluster, testbed_cli, tmp_path):
     name = make_cluster(2)
     grid_out = tmp_path / "grid"
     done = testbed_cli("sweep", "--name", name, "--bw", GRID, "--compressor", "syncsgd,acpsgd", "--world-size", "2",
@@ -50,56 +60,29 @@ def test_search_brackets_the_grid_crossover_in_fewer_trials_and_resumes(make_clu
 
     out = tmp_path / "search" / "results"
     out.parent.mkdir()
-    doc = _search(testbed_cli, name, out, "--compressor", "acpsgd", "--bw-range", RANGE, "--precision", "100%",
-                  "--repeats", "2")  # fmt: skip
-    (s,) = doc["searches"]
+    (s,) = _search(testbed_cli, name, out, *SEARCH)["searches"]
     assert s["done"] and s["kind"] in ("crossover", "tie", "always", "never"), s
-    low, high = s["bracket_bps"] or (2e6, 512e6)
-    if kind == "crossover":  # the grid places its crossover between two of its rates 4x apart: the search agrees
-        grid_rates = [2e6, 8e6, 32e6, 128e6, 512e6]
-        g_lo = max(r for r in grid_rates if r <= grid_bps)
-        g_hi = min(r for r in grid_rates if r >= grid_bps)
+    low, high = s["bracket_bps"] or (8e6, 512e6)
+    if kind == "crossover":  # the grid places its crossover between two of its rates 8x apart: the search agrees
+        g_lo = max(r for r in GRID_BPS if r <= grid_bps)
+        g_hi = min(r for r in GRID_BPS if r >= grid_bps)
         assert s["kind"] in ("crossover", "tie") and low <= g_hi and high >= g_lo, (s, grid_bps)
     else:  # the curves are a few ms apart near 512 Mbit/s: on a loaded machine the grid may see no crossing at all;
-        # then the search agrees with it, or calls that end a tie
-        assert s["kind"] in (kind, "tie"), (s, kind)
+        # then the search agrees with it, or calls that end a tie, or finds a crossing the grid's 8x steps could miss
+        # (above its middle rate when ACP-SGD won at all three, below it when it lost at all three)
+        missed = s["kind"] == "crossover" and (high > GRID_BPS[1] if kind == "always" else low < GRID_BPS[1])
+        assert s["kind"] in (kind, "tie") or missed, (s, kind)
     if s["kind"] == "crossover":
         assert high / low <= 2.0 + 1e-6 and s["wins_below"] is True
-    # the grid: 10 trials. The search takes fewer when the model aims within the precision (unit tests: 4 against 14
-    # on simulated curves); here the model is uncalibrated and the mlp's curves are ms apart, so on a loaded machine
-    # its tie tests may spend repeats (measured: 14 trials for a tie over the range): bounded, not fewer
-    assert s["trials"] == s["trials_run_now"] <= 16, s
-    assert (tmp_path / "search" / "profiles" / "mlp-bs8-cpu.json").is_file()  # measured beside the results
+    # one run per side and rate: 2 trials per rate visited, bounded (6 octaves at 100 %); fewer than a grid when the
+    # model aims within the precision is unit-tested on simulated curves (4 against 14); here the model is uncalibrated
+    assert s["trials"] == s["trials_run_now"] <= 16 and s["trials"] % 2 == 0, s
     assert s["predicted_kind"] in ("crossover", "always", "never")
-    # every trial is an ordinary row of the store; the search's state is kept beside them for the report
+    # every trial is an ordinary row of the store (the report, the searches' state and a rerun resuming: the
+    # always/never test below, on its searches)
     from testbed.results import load_results
 
     assert len(load_results(out)) == s["trials"]
-    assert len(list((out / "searches").glob("*.json"))) == 1
-    rep = testbed_cli("report", str(out), "--out", str(tmp_path / "report"), timeout_s=120)
-    assert rep.returncode == 0, rep.stderr[-800:]
-    assert "crossover search (mlp bs8, 2 ranks): acpsgd" in (tmp_path / "report" / "summary.md").read_text()
-
-    again = _search(testbed_cli, name, out, "--compressor", "acpsgd", "--bw-range", RANGE, "--precision", "100%",
-                    "--repeats", "2")  # fmt: skip
-    (s2,) = again["searches"]
-    assert s2["trials_run_now"] == 0 and s2["bracket_bps"] == s["bracket_bps"] and s2["kind"] == s["kind"]
-    assert len(load_results(out)) == s["trials"]
-
-
-def test_wins_at_the_top_and_loses_at_the_bottom(make_cluster, testbed_cli, tmp_path):
-    """ACP-SGD against sync SGD wins at 8 Mbit/s (always, in 2-8 Mbit/s); sync SGD against ACP-SGD loses at 2
-    Mbit/s (never). The model aims each at the decisive end, so each takes one rate: two trials."""
-    name = make_cluster(2)
-    out = tmp_path / "results"
-    always = _search(testbed_cli, name, out, "--compressor", "acpsgd", "--bw-range", "2mbit..8mbit")["searches"][0]
-    assert always["kind"] == "always", always
-    assert "pays at every rate" in always["verdict"]
-    never = _search(testbed_cli, name, out, "--compressor", "syncsgd", "--against", "acpsgd", "--bw-range",
-                    "2mbit..8mbit", "--no-measure")["searches"][0]  # fmt: skip
-    assert never["kind"] == "never", never
-    assert "never pays" in never["verdict"]
-    assert math.isfinite(always["trials"] + never["trials"])
 
 
 @pytest.mark.parametrize(
@@ -121,20 +104,49 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(testbed_cli, tmp_path,
     assert not out.exists() and not (tmp_path / "p").exists()
 
 
-def test_a_trial_records_where_its_time_goes_and_skips_the_model_broadcast(make_cluster, testbed_cli, tmp_path):
-    """Every row splits its wall time (controller: shape, probe, ranks, teardown; rank 0 inside the ranks' time:
-    start, model sync, warm-up, measured steps). Ranks that built the same model skip DDP's broadcast (checksum);
-    forcing the broadcast measures the same thing: the iteration times of both stay within each other's noise."""
+def test_wins_at_the_top_loses_at_the_bottom_and_a_trial_records_where_its_time_goes(make_cluster, testbed_cli,
+                                                                                      tmp_path):
+    """ACP-SGD against sync SGD wins at 8 Mbit/s (always, in 2-8 Mbit/s); sync SGD against ACP-SGD loses at 2
+    Mbit/s (never). The model aims each at the decisive end, so each takes one rate: two trials. The searches' state
+    is kept for the report, which names them, and a rerun resumes: nothing run again.
+
+    On the same cluster (one fewer to bring up), a stored row of those searches is an ordinary trial: every row
+    splits its wall time (controller: shape, probe, ranks, teardown; rank 0 inside the ranks' time: start, model
+    sync, warm-up, measured steps). Ranks that built the same model skip DDP's broadcast (checksum, the searches'
+    sync SGD row); forcing the broadcast (one more trial at that row's rate) measures the same thing: the iteration
+    times of both stay within each other's noise."""
     from testbed.results import load_results
 
     name = make_cluster(2)
-    rows = {}
-    for mode, env in (("checksum", []), ("broadcast", ["--env", "TESTBED_DDP_INIT_SYNC=broadcast"])):
-        out = tmp_path / mode
-        done = testbed_cli("run", "--name", name, "--bw", "20mbit", "--compressor", "syncsgd", "--out", str(out),
-                           *FAST, *env, timeout_s=180)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-1500:]
-        (rows[mode],) = load_results(out).to_dict("records")
+    out = tmp_path / "results"
+    always = _search(testbed_cli, name, out, *ALWAYS)["searches"][0]
+    assert always["kind"] == "always", always
+    assert "pays at every rate" in always["verdict"]
+    never = _search(testbed_cli, name, out, "--compressor", "syncsgd", "--against", "acpsgd", "--bw-range",
+                    "2mbit..8mbit", "--repeats", "1", "--no-measure")["searches"][0]  # fmt: skip
+    assert never["kind"] == "never", never
+    assert "never pays" in never["verdict"]
+    assert always["trials"] >= 2 and never["trials"] >= 2 and math.isfinite(always["trials"] + never["trials"])
+    assert (tmp_path / "profiles" / "mlp-bs8-cpu.json").is_file()  # measured beside the results by the first search
+    # every trial is an ordinary row of the store; each search's state is kept beside them for the report
+    assert len(load_results(out)) == always["trials"] + never["trials"]
+    assert len(list((out / "searches").glob("*.json"))) == 2
+    rep = testbed_cli("report", str(out), "--out", str(tmp_path / "report"), timeout_s=120)
+    assert rep.returncode == 0, rep.stderr[-800:]
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "crossover search (mlp bs8, 2 ranks): acpsgd" in summary and "syncsgd never pays" in summary
+    # a rerun resumes: every trial stored, none run, the same answer
+    (again,) = _search(testbed_cli, name, out, *ALWAYS)["searches"]
+    assert again["trials_run_now"] == 0 and again["bracket_bps"] == always["bracket_bps"] and again["kind"] == "always"
+    assert len(load_results(out)) == always["trials"] + never["trials"]
+
+    rows = {"checksum": load_results(out).query("compressor == 'syncsgd'").sort_values("rate_bps").iloc[-1].to_dict()}
+    rate = f"{int(rows['checksum']['rate_bps'])}bit"
+    done = testbed_cli("run", "--name", name, "--bw", rate, "--compressor", "syncsgd", "--out", str(tmp_path / "bc"),
+                       *FAST, "--env", "TESTBED_DDP_INIT_SYNC=broadcast", timeout_s=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-1500:]
+    (rows["broadcast"],) = load_results(tmp_path / "bc").to_dict("records")
+    assert rows["broadcast"]["rate_bps"] == rows["checksum"]["rate_bps"]
     for mode, r in rows.items():
         assert r["model_sync"] == mode and r["schema_version"] >= 4  # 4 added the split
         parts = ("wall_shape_s", "wall_probe_s", "wall_ranks_s", "wall_teardown_s")
