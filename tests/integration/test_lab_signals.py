@@ -23,6 +23,7 @@ pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server (/usr/sbin/sshd)"),
     pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs iperf3"),
+    pytest.mark.xdist_group("test_lab_signals"),  # the module's lab and its cluster on one xdist worker
 ]
 
 
@@ -51,9 +52,11 @@ def fault_ranks(lab) -> list[int]:
     return found
 
 
-@pytest.fixture
-def lab_cluster(lab, tmp_path):
-    env = {**os.environ, "TESTBED_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(REPO)}
+@pytest.fixture(scope="module")
+def lab_cluster(lab, tmp_path_factory):
+    """One `up` (and `down`) for both signals: each test ends with nothing running and up's shaping back."""
+    env = {**os.environ, "TESTBED_STATE_DIR": str(tmp_path_factory.mktemp("sigstate") / "state"),
+           "PYTHONPATH": str(REPO)}  # fmt: skip
     name = f"tbs{lab.suffix}"[:10]
 
     def cli(*argv: str) -> subprocess.CompletedProcess:
@@ -83,9 +86,10 @@ def _start(env, name: str, out: Path) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def _rates(cli, name: str) -> set[int]:
+def _shapes(cli, name: str) -> tuple[int, set[int]]:
+    """The cluster's recorded shaping rate and the rates read back from the hosts' data NICs (one `status`)."""
     status = json.loads(cli("status", "--name", name, "--json").stdout)
-    return {h["links"]["upload"]["rate_bps"] for h in status["hosts"]}
+    return status["shape"]["rate_bps"], {h["links"]["upload"]["rate_bps"] for h in status["hosts"]}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
@@ -95,7 +99,7 @@ def test_signal_of_a_lab_run_leaves_nothing_running_or_shaped(lab, lab_cluster, 
     proc = _start(env, name, out)
     try:
         ranks = wait_for(lambda: len(fault_ranks(lab)) >= 2 and fault_ranks(lab), 120, "both lab ranks running")
-        assert _rates(cli, name) == {50_000_000}
+        assert _shapes(cli, name)[1] == {50_000_000}
         proc.send_signal(sig)
         proc.wait(120)
     finally:
@@ -111,10 +115,9 @@ def test_signal_of_a_lab_run_leaves_nothing_running_or_shaped(lab, lab_cluster, 
         assert nxt.returncode == 0, nxt.stderr
         assert "was killed" in nxt.stderr and "ended 2 leftover processes" in nxt.stderr, nxt.stderr
         # `shape` on every lab host is the cluster's recorded shaping from now on, as on the emulated cluster
-        assert json.loads(cli("status", "--name", name, "--json").stdout)["shape"]["rate_bps"] == 80_000_000
-        assert _rates(cli, name) == {80_000_000}
+        assert _shapes(cli, name) == (80_000_000, {80_000_000})
         assert cli("shape", "--name", name, "--bw", "100mbit").returncode == 0
     assert fault_ranks(lab) == []
-    assert _rates(cli, name) == {100_000_000}  # up's shaping is back
+    assert _shapes(cli, name) == (100_000_000, {100_000_000})  # up's shaping is back
     [row] = rows(out)
     assert row["status"] == "interrupted" and row["rate_bps"] == 50_000_000

@@ -30,14 +30,17 @@ pytestmark = [
     pytest.mark.skipif(bool(missing_binaries()), reason=f"needs Slurm and munge (missing: {missing_binaries()}); "
                        "apt-get install slurmctld slurmd slurm-client munge"),  # fmt: skip
     pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="needs ansible-playbook in the venv"),
+    pytest.mark.xdist_group("test_slurm"),  # the module's Slurm cluster on one xdist worker
 ]
 
+FAULT_RUNNER = b"-m\x00tests.integration.fault_runner"  # a rank (not the controller: --runner-module NAME)
 END_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL")
 
 
 def _provision_role(sl: SlurmLab) -> tuple[Path, Path]:
-    """The testbed_host role with testbed_slurm: true, over SSH to the namespaced hosts: it installs the shaping helper
-    and the Prolog/Epilog that slurm.conf then names."""
+    """The testbed_host role with testbed_slurm: true, over SSH to a namespaced host: it installs the shaping helper
+    and the Prolog/Epilog that slurm.conf then names. One host (h0) is enough: the hosts share this machine's
+    filesystem and the role writes the same paths on each (the role on 2 hosts is test_lab.py's provision run)."""
     lab = sl.lab
     etc = lab.tmp / "etc" / "slurm"
     prolog, epilog = etc / "testbed-prolog.sh", etc / "testbed-epilog.sh"
@@ -45,7 +48,7 @@ def _provision_role(sl: SlurmLab) -> tuple[Path, Path]:
         "provision.yml", testbed_slurm=True, testbed_host_slurm_prolog=str(prolog), testbed_host_slurm_epilog=str(epilog)
     )
     res = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(inv), str(REPO / "ansible" / "playbooks" / "provision.yml")],
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inv), str(REPO / "ansible" / "playbooks" / "provision.yml"), "--limit", "h0"],
         capture_output=True, text=True, env=lab.ansible_env(), timeout=300,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
@@ -95,9 +98,9 @@ def _qdiscs(sl: SlurmLab, h) -> str:
     return sl.lab.netns_exec(h, "tc", "qdisc", "show", "dev", "data0").stdout
 
 
-def _ranks(sl: SlurmLab) -> dict[str, list[int]]:
-    """Training rank processes in each host's namespace."""
-    return {h.name: _processes(sl, b"runners.train", h) for h in sl.lab.hosts}
+def _ranks(sl: SlurmLab, module: bytes = b"runners.train") -> dict[str, list[int]]:
+    """Rank processes (of the runner `module`) in each host's namespace."""
+    return {h.name: _processes(sl, module, h) for h in sl.lab.hosts}
 
 
 def _processes(sl: SlurmLab, needle: bytes, host=None) -> list[int]:
@@ -172,10 +175,11 @@ def test_sbatch_up_slurm_and_two_host_run(slurm, tmp_path):
 
 
 def test_scancel_mid_trial_leaves_no_shaping_and_no_rank(slurm, tmp_path):
-    """A long trial (nodes from an inventory: the role's helper runs directly as root): once ranks run and both data
-    NICs are shaped, the controller is killed (cleans up nothing) and the job scancelled: Slurm ends the ranks, the
-    Epilog clears the shaping, the job is CANCELLED, the nodes idle; afterwards the cluster fails with one line and
-    `down` forgets it."""
+    """A trial that never ends (nodes from an inventory: the role's helper runs directly as root): once ranks run and
+    both data NICs are shaped, the controller is killed (cleans up nothing) and the job scancelled: Slurm ends the
+    ranks, the Epilog clears the shaping, the job is CANCELLED, the nodes idle; afterwards the cluster fails with one
+    line and `down` forgets it. The ranks are the fault runner's hanging stand-ins (ending them is Slurm's part; a
+    training rank would burn both cores until the scancel): real training over Slurm is the test above."""
     name = new_name()
     env = _env(slurm, tmp_path)
     inv = slurm.lab.inventory()
@@ -184,15 +188,16 @@ def test_scancel_mid_trial_leaves_no_shaping_and_no_rank(slurm, tmp_path):
     inv_path = slurm.lab.write_inventory("slurm-inventory.yml", inventory=inv)
     job = _sbatch(slurm, tmp_path, f"""
         {PYTHON} -m testbed.cli up --slurm --inventory {inv_path} --name {name}
-        {PYTHON} -m testbed.cli run --name {name} --model mlp --iters 100000 --warmup-iters 1 --batch-size 8 \\
-            --bw 100mbit --world-size 2 --no-probe --out {tmp_path / 'results'} --timeout 600 || true
+        {PYTHON} -m testbed.cli run --name {name} --model mlp --iters 1 --bw 100mbit --world-size 2 --no-probe \\
+            --runner-module tests.integration.fault_runner --env TESTBED_FAULT=hang --out {tmp_path / 'results'} \\
+            --timeout 600 || true
         exec sleep 3600  # the allocation outlives its controller, like an salloc shell
         """, env)  # fmt: skip
 
     def running_and_shaped() -> bool:
         if slurm.job_state(job) in END_STATES:
             raise AssertionError(f"job {job} ended early: {_job_output(tmp_path)}")
-        ranks = _ranks(slurm)
+        ranks = _ranks(slurm, FAULT_RUNNER)
         return all(ranks.values()) and all("qdisc htb 7e57: root" in _qdiscs(slurm, h) for h in slurm.lab.hosts)
 
     wait_for(running_and_shaped, 240, "ranks running and shaping applied on both nodes", 0.5)
@@ -204,14 +209,15 @@ def test_scancel_mid_trial_leaves_no_shaping_and_no_rank(slurm, tmp_path):
     assert len(controller) == 1, controller
     os.kill(controller[0], signal.SIGKILL)
     wait_for(lambda: not _processes(slurm, b"testbed.cli\x00run"), 10, "the controller to die")
-    assert all(_ranks(slurm).values()) and all("7e57" in _qdiscs(slurm, h) for h in slurm.lab.hosts)
+    assert all(_ranks(slurm, FAULT_RUNNER).values()) and all("7e57" in _qdiscs(slurm, h) for h in slurm.lab.hosts)
     res = slurm.slurm("scancel", job)
     assert res.returncode == 0, res.stderr
 
     seen: dict = {}
 
     def settled() -> bool:
-        seen.update(state=slurm.job_state(job), ranks=_ranks(slurm), qdiscs=[_qdiscs(slurm, h) for h in slurm.lab.hosts])
+        seen.update(state=slurm.job_state(job), ranks=_ranks(slurm, FAULT_RUNNER),
+                    qdiscs=[_qdiscs(slurm, h) for h in slurm.lab.hosts])
         return seen["state"] == "CANCELLED" and not any(seen["ranks"].values()) and "7e57" not in str(seen["qdiscs"])
 
     try:

@@ -31,6 +31,7 @@ pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates network namespaces and runs sshd"),
     pytest.mark.skipif(not os.path.exists("/usr/sbin/sshd"), reason="needs openssh-server (/usr/sbin/sshd)"),
+    pytest.mark.xdist_group("test_lab_secrets"),  # the module's lab on one xdist worker
 ]
 
 SECRET = "s3cret-" + random_suffix(8)
@@ -38,7 +39,7 @@ SECRET = "s3cret-" + random_suffix(8)
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    hosts = create_lab_hosts(tmp_path_factory.mktemp("seclab"), n_hosts=2)
+    hosts = create_lab_hosts(tmp_path_factory.mktemp("seclab"), n_hosts=1)  # every test here works on h0
     try:
         yield hosts
     finally:
