@@ -37,12 +37,13 @@ def test_without_cuda_the_check_is_skipped_with_a_word(cli_env):
     assert done.returncode == 0 and done.stdout.strip() == "no CUDA device: skipped", done.stdout + done.stderr
 
 
+@pytest.mark.timeout(600)  # a whole check in one process (trials, calibration, profile): > 300 s at 3x load
 def test_the_check_runs_end_to_end_on_cpu_with_gloo(cli_env, cluster_name, tmp_path):
     out = tmp_path / "res"
     # one calibration rep: each rep of the calibration's contention probe is ~2 s of CNN compute per rank, size and
     # collective; what the fit makes of more reps is test_calibrate's and bench/'s, here the stage has to run and store
     done = _check(cli_env, *CPU, "--rates", "200mbit", "--name", cluster_name, "--out", str(out),
-                  "--calibrate-sizes", "64kb,256kb,1mb", "--calibrate-reps", "1", timeout_s=280)  # fmt: skip
+                  "--calibrate-sizes", "64kb,256kb,1mb", "--calibrate-reps", "1", timeout_s=540)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     trials, model = done.stdout.split("## Performance model on this cluster")
     for capability in ("namespace", "veth", "HTB", "iperf3"):  # one line each, found by doing it
@@ -69,10 +70,11 @@ def test_the_check_runs_end_to_end_on_cpu_with_gloo(cli_env, cluster_name, tmp_p
     assert cluster_netns(cluster_name) == [] and cluster_netns(cluster_name + "p") == []
 
 
+@pytest.mark.timeout(600)  # a whole check in one process (trials, calibration, profile): > 300 s at 3x load
 def test_a_preflight_rank_that_dies_at_init_shows_both_tails_and_the_check_goes_on(cli_env, cluster_name, tmp_path):
     out = tmp_path / "res"
     done = _check(cli_env, *CPU, "--rates", "200mbit", "--compressors", "syncsgd", "--no-model", "--name",
-                  cluster_name, "--out", str(out), "--fail-preflight-rank", "1", timeout_s=300)  # fmt: skip
+                  cluster_name, "--out", str(out), "--fail-preflight-rank", "1", timeout_s=540)  # fmt: skip
     text = done.stdout
     assert done.returncode == 1, text[-3000:] + done.stderr[-2000:]  # the namespaced preflight failed: said so
     assert "Traceback" not in done.stderr
@@ -93,13 +95,14 @@ def test_a_preflight_rank_that_dies_at_init_shows_both_tails_and_the_check_goes_
     assert cluster_netns(cluster_name) == []
 
 
+@pytest.mark.timeout(600)  # a whole check in one process (trials, calibration, profile): > 300 s at 3x load
 def test_a_short_deadline_stops_the_check_cleanly_with_partial_tables_and_the_tarball(cli_env, cluster_name,
                                                                                        tmp_path):  # fmt: skip
     out = tmp_path / "res"
     rates, compressors = ["200mbit", "500mbit", "1gbit"], ["syncsgd", "powersgd"]
     done = _check(cli_env, *CPU, "--rates", ",".join(rates), "--compressors", ",".join(compressors), "--name",
                   cluster_name, "--out", str(out), "--deadline", "60", "--calibrate-sizes", "64kb,256kb,1mb",
-                  "--calibrate-reps", "1", timeout_s=240)  # fmt: skip
+                  "--calibrate-reps", "1", timeout_s=540)  # fmt: skip
     text = done.stdout
     assert done.returncode in (0, 1) and "Traceback" not in done.stderr, text[-3000:] + done.stderr[-2000:]
     # every planned trial has exactly one row: measured, failed, or skipped at the deadline (none left out)
