@@ -2,13 +2,13 @@
 
 The mlp of the catalogue at batch 8 crosses over inside 2-512 Mbit/s at 2 hosts (sync SGD's 76 KB of gradient
 against ACP-SGD's few KB: about 25 ms against 10 ms at 20 Mbit/s, 8 ms against 11 ms at 100 Mbit/s; the range reaches
-512 Mbit/s, where sync SGD's wire time is about 1 ms, because on a loaded machine ACP-SGD once won at 128), so a search and
-a small grid fit in a few minutes on 2 cores. Answers are compared, never timed: a loaded machine moves the numbers.
-Kept cheap (the suite runs these beside other tests): the grid-against-search test runs a 3-rate grid over 8-512
-Mbit/s and one run per side and rate (--repeats 1: the medians decide, as the grid's do; the tie test on repeats and
-"fewer trials than a grid" are unit-tested in tests/unit/testbed/test_crossover_search.py); the always/never test
-carries the report, the kept search state, the rerun that resumes and the trial-records check (its stored sync SGD
-row against one forced-broadcast trial), all on its one cluster.
+512 Mbit/s, where sync SGD's wire time is about 1 ms, because on a loaded machine ACP-SGD once won at 128), so a search
+fits in a few minutes on 2 cores. Answers are checked against the search's own stored runs, never timed: a loaded
+machine moves the numbers. Kept cheap (the suite runs these beside other tests): one run per side and rate
+(--repeats 1: the medians decide; the tie test on repeats and "fewer trials than a grid" are unit-tested in
+tests/unit/testbed/test_crossover_search.py; agreement with a separately measured grid is bench/crossover_search.py's);
+the always/never test carries the report, the kept search state, the rerun that resumes and the trial-records check
+(its stored sync SGD row against one forced-broadcast trial), all on its one cluster.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ pytestmark = pytest.mark.root
 
 FAST = ["--model", "mlp", "--batch-size", "8", "--iters", "8", "--warmup-iters", "2", "--no-probe"]
 RANGE = "8mbit..512mbit"  # sync SGD's wire time about 57 ms at the bottom (ACP-SGD wins), 1 ms at the top (it loses)
-GRID_BPS = [8e6, 64e6, 512e6]
-GRID = ",".join(f"{int(r / 1e6)}mbit" for r in GRID_BPS)
 SEARCH = ["--compressor", "acpsgd", "--bw-range", RANGE, "--precision", "100%", "--repeats", "1"]
 # one run per side decides by the medians: 2-8 Mbit/s is far from the crossover (sync SGD's wire time 57-230 ms), but on
 # a loaded machine the p5..p95 ranges of 8 iterations overlap there and the default 3 repeats would triple the trials
@@ -38,51 +36,46 @@ def _search(testbed_cli, name: str, out: Path, *flags: str, timeout_s: float = 4
     return json.loads(done.stdout)
 
 
-def _grid_crossover(out: Path) -> tuple[str, float | None]:
-    from testbed.report.analysis import measured_crossover
+def _medians(out: Path) -> dict[tuple[str, float], float]:
+    """The stored runs' median iteration time by (compressor, rate): one run each (--repeats 1)."""
     from testbed.results import load_results
 
     df = load_results(out)
     assert (df["status"] == "ok").all()
-    t = {(r.compressor, r.rate_bps): r.iter_time_s_p50 for r in df.itertuples()}
-    rates = sorted({r for _, r in t})
-    return measured_crossover(rates, [t[("syncsgd", r)] / t[("acpsgd", r)] for r in rates])
+    assert not df.duplicated(["compressor", "rate_bps"]).any()  # one run per side and rate
+    return {(r.compressor, r.rate_bps): r.iter_time_s_p50 for r in df.itertuples()}
 
 
-def test_search_brackets_the_grid_crossover(make_cluster, testbed_cli, tmp_path):
+def test_search_answer_follows_from_its_own_stored_runs(make_cluster, testbed_cli, tmp_path):
+    """The search, end to end on real ranks: its answer is what its stored runs say (with one run per side the medians
+    decide: ACP-SGD wins where its median is below sync SGD's), its bracket is two adjacent rates it measured, at most
+    2x apart, and every trial is an ordinary row of the store. Whether the bracket agrees with a grid measured
+    separately is bench/crossover_search.py's question on a quiet machine: near the crossover the curves are a few ms
+    apart, and two separate measurements of a close call disagree on a loaded machine (the grid once put it at
+    53 Mbit/s while the search's own runs had ACP-SGD winning at every rate it visited)."""
     name = make_cluster(2)
-    grid_out = tmp_path / "grid"
-    done = testbed_cli("sweep", "--name", name, "--bw", GRID, "--compressor", "syncsgd,acpsgd", "--world-size", "2",
-                       "--out", str(grid_out), *FAST, timeout_s=400)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-1500:]
-    kind, grid_bps = _grid_crossover(grid_out)
-    assert kind in ("crossover", "always", "never", "tie"), kind
-
     out = tmp_path / "search" / "results"
     out.parent.mkdir()
     (s,) = _search(testbed_cli, name, out, *SEARCH)["searches"]
-    assert s["done"] and s["kind"] in ("crossover", "tie", "always", "never"), s
-    low, high = s["bracket_bps"] or (8e6, 512e6)
-    if kind == "crossover":  # the grid places its crossover between two of its rates 8x apart: the search agrees
-        g_lo = max(r for r in GRID_BPS if r <= grid_bps)
-        g_hi = min(r for r in GRID_BPS if r >= grid_bps)
-        assert s["kind"] in ("crossover", "tie") and low <= g_hi and high >= g_lo, (s, grid_bps)
-    else:  # the curves are a few ms apart near 512 Mbit/s: on a loaded machine the grid may see no crossing at all;
-        # then the search agrees with it, or calls that end a tie, or finds a crossing the grid's 8x steps could miss
-        # (above its middle rate when ACP-SGD won at all three, below it when it lost at all three)
-        missed = s["kind"] == "crossover" and (high > GRID_BPS[1] if kind == "always" else low < GRID_BPS[1])
-        assert s["kind"] in (kind, "tie") or missed, (s, kind)
-    if s["kind"] == "crossover":
-        assert high / low <= 2.0 + 1e-6 and s["wins_below"] is True
+    assert s["done"] and s["kind"] in ("crossover", "always", "never"), s  # one run per side: no ties
+    t = _medians(out)
+    rates = sorted({r for _, r in t})
+    assert all(("syncsgd", r) in t and ("acpsgd", r) in t for r in rates), t
+    wins = {r: t[("acpsgd", r)] < t[("syncsgd", r)] for r in rates}
+    if s["kind"] == "always":
+        assert all(wins.values()), wins
+    elif s["kind"] == "never":
+        assert not any(wins.values()), wins
+    else:
+        low, high = s["bracket_bps"]
+        assert low in rates and high in rates and not [r for r in rates if low < r < high], (s, rates)
+        assert high / low <= 2.0 + 1e-6
+        below = s["wins_below"]
+        assert wins[low] is below and wins[high] is not below, (s, wins)
     # one run per side and rate: 2 trials per rate visited, bounded (6 octaves at 100 %); fewer than a grid when the
     # model aims within the precision is unit-tested on simulated curves (4 against 14); here the model is uncalibrated
-    assert s["trials"] == s["trials_run_now"] <= 16 and s["trials"] % 2 == 0, s
+    assert s["trials"] == s["trials_run_now"] == 2 * len(rates) <= 16, s
     assert s["predicted_kind"] in ("crossover", "always", "never")
-    # every trial is an ordinary row of the store (the report, the searches' state and a rerun resuming: the
-    # always/never test below, on its searches)
-    from testbed.results import load_results
-
-    assert len(load_results(out)) == s["trials"]
 
 
 @pytest.mark.parametrize(

@@ -177,13 +177,16 @@ def test_the_provision_archive_is_private_per_run_and_holds_only_the_package(lab
                         testbed_host_torch_build="cpu", testbed_host_venv=str(tmp_path / "venv"),
                         testbed_host_torch_index_base="file:///nonexistent",
                         testbed_host_pip_extra_args="--no-index")  # fmt: skip
-    before = set(Path("/tmp").glob("testbed-provision-*"))
+    tmp = tmp_path / "tmp"  # the run's temporary directories land here, not in /tmp, where another xdist worker's
+    tmp.mkdir()  # provision run (tests/integration/test_lab.py) makes its own at the same time
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    before = set(tmp.glob("testbed-provision-*"))
     seen: dict[str, int] = {}
     done = threading.Event()
 
     def watch() -> None:  # records the mode of the run's private directory and archive while they exist
         while not done.is_set():
-            for d in set(Path("/tmp").glob("testbed-provision-*")) - before:
+            for d in set(tmp.glob("testbed-provision-*")) - before:
                 with contextlib.suppress(OSError):
                     seen.setdefault(str(d), stat.S_IMODE(os.lstat(d).st_mode))
                     a = d / "testbed-src.tar.gz"
