@@ -164,6 +164,25 @@ def _teardown_cluster(env: dict[str, str], name: str) -> None:
     assert not left, f"teardown: testbed down --name {name} left namespaces {left}"
 
 
+@contextlib.contextmanager
+def module_cluster(state_dir: Path, hosts: int = 2, bw: str = "1gbit"):
+    """A cluster for a module-scoped fixture (the tests that leave it as they found it): `testbed up` under a fresh
+    name with the session's state directory, yielded by name, torn down (`_teardown_cluster`) however left."""
+    reason = root_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    env = dict(os.environ, TESTBED_STATE_DIR=str(state_dir), COLUMNS="200")
+    env.pop("TESTBED_CLUSTER", None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    name = "t" + random_suffix()
+    try:
+        done = run_cli(env, "up", "--name", name, "--hosts", str(hosts), "--bw", bw)
+        assert done.returncode == 0, done.stderr
+        yield name
+    finally:
+        _teardown_cluster(env, name)
+
+
 @pytest.fixture
 def cluster_name(cli_env: dict[str, str]) -> str:
     """A unique cluster name; every namespace of that name is removed after the test, whatever happened."""

@@ -9,7 +9,6 @@ make their own. Small models and few iterations.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,12 +18,10 @@ import pandas as pd
 import pytest
 from conftest import (
     REPO,
-    _teardown_cluster,
     cluster_netns,
+    module_cluster,
     one_line,
     pids_in_netns,
-    random_suffix,
-    root_skip_reason,
     run_cli,
     wait_for,
 )
@@ -44,19 +41,8 @@ def _rows(out: Path) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def cluster(state_dir: Path):
     """One 2-host cluster shaped at 1gbit for every test that leaves it as it found it (no ranks, its own shaping)."""
-    reason = root_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    env = dict(os.environ, TESTBED_STATE_DIR=str(state_dir), COLUMNS="200")
-    env.pop("TESTBED_CLUSTER", None)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    name = "t" + random_suffix()
-    try:
-        done = run_cli(env, "up", "--name", name, "--hosts", "2", "--bw", "1gbit")
-        assert done.returncode == 0, done.stderr
+    with module_cluster(state_dir) as name:
         yield name
-    finally:
-        _teardown_cluster(env, name)
 
 
 def _row_file(trial_id: str, attempt: int) -> str:

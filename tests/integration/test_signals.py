@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import (
     REPO,
-    _teardown_cluster,
     cluster_netns,
+    module_cluster,
     one_line,
     pids_in_netns,
     random_suffix,
-    root_skip_reason,
     run_cli,
     wait_for,
 )
@@ -38,19 +37,8 @@ FAULT_RUNNER = ["--runner-module", "tests.integration.fault_runner"]
 def cluster(state_dir: Path):
     """One 2-host cluster shaped at 1gbit, shared by the tests that leave it as they found it (no processes left in
     its namespaces, its own shaping back); the tests that take a cluster down make their own."""
-    reason = root_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    env = dict(os.environ, TESTBED_STATE_DIR=str(state_dir), COLUMNS="200")
-    env.pop("TESTBED_CLUSTER", None)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    name = "t" + random_suffix()
-    try:
-        done = run_cli(env, "up", "--name", name, "--hosts", "2", "--bw", "1gbit")
-        assert done.returncode == 0, done.stderr
+    with module_cluster(state_dir) as name:
         yield name
-    finally:
-        _teardown_cluster(env, name)
 
 
 def start_run(env: dict[str, str], name: str, out: Path, *extra: str, fault: str = "hang") -> subprocess.Popen:
