@@ -38,19 +38,19 @@ def _trace_mb(store: ResultsStore, row: dict) -> float:
 
 
 def in_loop_cost_us(n: int = 200_000) -> float:
-    """What `--timeline` adds inside the measured loop (runners/train.py): one tuple with the iteration's marks kept
-    by reference appended to a deque, timed with 40 marks and 40 intervals (microseconds per iteration)."""
+    """What `--timeline` adds inside the measured loop: runners.timeline.keep_iteration, the call runners/train.py
+    makes each measured iteration, timed with 40 marks and 40 intervals (microseconds per iteration)."""
     import collections
     import timeit
     import types
 
-    from runners.timeline import MarkSnapshot
+    from runners.timeline import keep_iteration
 
     stats = types.SimpleNamespace(marks=[("ready", i, 0.1 * i, False) for i in range(40)],
                                   intervals=[("encode", i, 0.1, 0.2, True) for i in range(40)], hook_end=1.0)  # fmt: skip
     kept: collections.deque = collections.deque(maxlen=10)
     marks = {"serial": False, "t0": 0.0}
-    return timeit.timeit(lambda: kept.append((1, 0.0, 0.5, None, marks, MarkSnapshot.of(stats))), number=n) / n * 1e6
+    return timeit.timeit(lambda: keep_iteration(kept, 1, 0.0, 0.5, None, marks, stats), number=n) / n * 1e6
 
 
 def main() -> int:

@@ -140,6 +140,13 @@ class MarkSnapshot:
         return cls(stats.marks, stats.intervals, stats.hook_end)
 
 
+def keep_iteration(kept, iteration: int, t0_wall_s: float, iter_time_s: float, peer_wait_s, marks: dict,
+                   stats) -> None:  # fmt: skip
+    """All that ``--timeline`` does inside the measured loop (runners/train.py): the iteration's numbers and its raw
+    marks, by reference, appended to ``kept`` (a deque of the last N); bench/timeline_overhead.py times this call."""
+    kept.append((iteration, t0_wall_s, iter_time_s, peer_wait_s, marks, MarkSnapshot.of(stats)))
+
+
 def iteration_record(clock, stats, *, serial: bool, t0, t1, t2, t_red, t3, last_grad, phases: dict,
                      builtin: bool, spans: bool = True) -> dict:  # fmt: skip
     """This iteration's overlap numbers (``"overlap"``) and, with ``spans``, its lanes and point marks, in seconds

@@ -185,7 +185,7 @@ def _train(job: Job, device) -> int:
     from runners import compressors, timeline
     from runners.buckets import BucketRecorder, serial_reduce
     from runners.models import build, make_optimizer
-    from runners.timeline import MarkSnapshot, iteration_record, marking_hook
+    from runners.timeline import iteration_record, keep_iteration, marking_hook
     from runners.timing import Clock, last_grad_marks
     from runners.trace import Tracer
 
@@ -317,7 +317,7 @@ def _train(job: Job, device) -> int:
             view = iteration_record(clock, state.stats, spans=False, **marks)
             rec.update(view["overlap"])
             if args.timeline_iters:  # the raw marks only (reset() makes new lists): lanes are drawn after the loop
-                kept.append((rec["iter"], t0_wall, iter_time, peer_wait, marks, MarkSnapshot.of(state.stats)))
+                keep_iteration(kept, rec["iter"], t0_wall, iter_time, peer_wait, marks, state.stats)
         else:
             rec.update({k: None for k in PHASES + OVERLAP})
         rec.update({
