@@ -120,14 +120,20 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         os.environ["TESTBED_STATE_DIR"] = old
 
 
-@pytest.fixture
-def cli_env(state_dir: Path) -> dict[str, str]:
+def cli_environment(state_dir: Path) -> dict[str, str]:
+    """The environment of a `testbed` subprocess in the tests: this one, with the private state directory, no
+    TESTBED_CLUSTER, the checkout importable and wide tables."""
     env = dict(os.environ)
     env["TESTBED_STATE_DIR"] = str(state_dir)
     env.pop("TESTBED_CLUSTER", None)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["COLUMNS"] = "200"
     return env
+
+
+@pytest.fixture
+def cli_env(state_dir: Path) -> dict[str, str]:
+    return cli_environment(state_dir)
 
 
 def run_cli(env: dict[str, str], *args: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess:
@@ -171,9 +177,7 @@ def module_cluster(state_dir: Path, hosts: int = 2, bw: str = "1gbit"):
     reason = root_skip_reason()
     if reason:
         pytest.skip(reason)
-    env = dict(os.environ, TESTBED_STATE_DIR=str(state_dir), COLUMNS="200")
-    env.pop("TESTBED_CLUSTER", None)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env = cli_environment(state_dir)
     name = "t" + random_suffix()
     try:
         done = run_cli(env, "up", "--name", name, "--hosts", str(hosts), "--bw", bw)

@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _teardown_cluster, netns_list, one_line, pids_in_netns, random_suffix, root_skip_reason
+from conftest import (
+    _teardown_cluster,
+    cli_environment,
+    netns_list,
+    one_line,
+    pids_in_netns,
+    random_suffix,
+    root_skip_reason,
+)
 
 import shaping.__main__ as shaping_main
 from shaping.units import parse_rate_bps
@@ -300,11 +307,7 @@ pytestmark = pytest.mark.xdist_group("test_bad_input")  # module-scoped cluster 
 
 @pytest.fixture(scope="module")
 def env(state_dir: Path) -> dict[str, str]:
-    e = dict(os.environ)
-    e.update(TESTBED_STATE_DIR=str(state_dir), COLUMNS="200")
-    e.pop("TESTBED_CLUSTER", None)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
-    return e
+    return cli_environment(state_dir)
 
 
 @pytest.fixture(scope="module")
