@@ -98,8 +98,13 @@ def test_composition_crossovers_never_and_the_headline():
     assert cx.loc["signsgd", "time-to-accuracy crossover"] == "never reaches 0.8"
     text, n_tta, n_thr, m = headline(tta, "syncsgd")
     assert (n_tta, n_thr, m) == (1, 4, 4) and "won in 1 of 4" in text
+    # the direct run (seed 0) is checked against seed 0's own steps x the iteration time, not the mean over seeds
     err = composition_errors(tta, conv).iloc[0]
-    assert err["composed_s"] == pytest.approx(75.0) and err["error_pct"] == pytest.approx((75 - 55) / 55 * 100)
+    assert err["composed_steps"] == 100 and err["steps_from"] == "seed 0"
+    assert err["composed_s"] == pytest.approx(50.0) and err["error_pct"] == pytest.approx((50 - 55) / 55 * 100)
+    # without an unshaped run of its seed: the mean over the seeds that reached the target, said so
+    err = composition_errors(tta, conv.assign(seed=conv["seed"].where(conv["rate_bps"] == 0, 7))).iloc[0]
+    assert err["composed_steps"] == 150 and err["steps_from"] == "mean over 2 seeds" and err["composed_s"] == 75.0
     final = final_accuracy(conv).set_index("compressor")
     assert final.loc["powersgd", "accuracy_mean"] == 0.8 and final.loc["powersgd", "budget_steps"] == 100
 
