@@ -8,11 +8,16 @@
 - `testbed_cli` / `run_cli()`: the `testbed` command as a subprocess (`python -m testbed.cli ...`), with that env.
 - `make_cluster`: `testbed up` through the CLI, registered for teardown.
 - `scratch_netns`: namespaces a test makes by hand (prefix "tbt-"), deleted in teardown after killing what runs there.
+- CPU per test: every run ends with the 15 tests that used the most CPU (the pytest process and the children it
+  waited for: every CLI call, rank and playbook; a module fixture's daemons count where they are reaped) and the total,
+  beside `--durations` (the suite is CPU-bound on 2 cores: this says where its time goes). The lines are kept in
+  $TESTBED_TEST_CPU_LOG when set (JSON lines: test, cpu_s, wall_s), else in a temporary file removed at the end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -20,6 +25,7 @@ import signal
 import string
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +53,61 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = root_skip_reason()
         if reason:
             pytest.skip(reason)
+
+
+# ---------------------------------------------------------------------------------------------- CPU per test
+CPU_LOG_ENV = "TESTBED_TEST_CPU_LOG"
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for (recursively)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller (not an xdist worker) picks the log file; workers inherit it through the environment."""
+    if hasattr(config, "workerinput") or os.environ.get(CPU_LOG_ENV):
+        return
+    fd, path = tempfile.mkstemp(prefix="testbed-test-cpu-", suffix=".jsonl")
+    os.close(fd)
+    os.environ[CPU_LOG_ENV] = path
+    config.stash[_CPU_LOG_OWNED] = path
+
+
+_CPU_LOG_OWNED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    wall0, cpu0 = time.monotonic(), _cpu_s()
+    yield
+    path = os.environ.get(CPU_LOG_ENV)
+    if path:
+        line = {"test": item.nodeid, "cpu_s": round(_cpu_s() - cpu0, 2), "wall_s": round(time.monotonic() - wall0, 2)}
+        with open(path, "a") as log:  # one short line per write (O_APPEND): workers never interleave within a line
+            log.write(json.dumps(line) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    path = os.environ.get(CPU_LOG_ENV)
+    if not path or not os.path.exists(path):
+        return
+    with open(path) as log:
+        rows = [json.loads(line) for line in log if line.strip()]
+    if config.stash.get(_CPU_LOG_OWNED, None) == path:
+        os.unlink(path)
+    if not rows:
+        return
+    total = sum(r["cpu_s"] for r in rows)
+    terminalreporter.write_sep("=", "15 most CPU-hungry tests (pytest and its waited-for children, user+sys)")
+    for r in sorted(rows, key=lambda r: -r["cpu_s"])[:15]:
+        terminalreporter.write_line(f"{r['cpu_s']:8.1f} CPU-s {r['wall_s']:8.1f} s wall  {r['test']}")
+    terminalreporter.write_line(f"{total:8.1f} CPU-s in all, {len(rows)} tests")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
