@@ -12,6 +12,8 @@
   waited for: every CLI call, rank and playbook; a module fixture's daemons count where they are reaped) and the total,
   beside `--durations` (the suite is CPU-bound on 2 cores: this says where its time goes). The lines are kept in
   $TESTBED_TEST_CPU_LOG when set (JSON lines: test, cpu_s, wall_s), else in a temporary file removed at the end.
+- Leak guard: a namespace of a test's making (a test cluster "tb-t??????-*", "tbt-*", the lab fixture's "tbl-*") that
+  appeared during the run and is still there at its end fails the run, named; it is then removed (with what runs in it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -69,7 +72,10 @@ def _cpu_s() -> float:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The controller (not an xdist worker) picks the log file; workers inherit it through the environment."""
-    if hasattr(config, "workerinput") or os.environ.get(CPU_LOG_ENV):
+    if hasattr(config, "workerinput"):
+        return
+    config.stash[_NETNS_BEFORE] = test_namespaces()
+    if os.environ.get(CPU_LOG_ENV):
         return
     fd, path = tempfile.mkstemp(prefix="testbed-test-cpu-", suffix=".jsonl")
     os.close(fd)
@@ -78,6 +84,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _CPU_LOG_OWNED = pytest.StashKey[str]()
+_NETNS_BEFORE = pytest.StashKey[set]()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -108,6 +115,43 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     for r in sorted(rows, key=lambda r: -r["cpu_s"])[:15]:
         terminalreporter.write_line(f"{r['cpu_s']:8.1f} CPU-s {r['wall_s']:8.1f} s wall  {r['test']}")
     terminalreporter.write_line(f"{total:8.1f} CPU-s in all, {len(rows)} tests")
+
+
+# ---------------------------------------------------------------------------------------------- leak guard
+TEST_NETNS = re.compile(r"^(tb-t[a-z0-9]{6}-|tbt-|tbl-)")
+
+
+def test_namespaces() -> set[str]:
+    """The namespaces of this machine whose names only tests use (none when not root or without `ip`)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return set()
+    try:
+        return {n for n in netns_list() if TEST_NETNS.match(n)}
+    except (OSError, subprocess.CalledProcessError):
+        return set()
+
+
+test_namespaces.__test__ = False  # a helper, not a test
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput") or _NETNS_BEFORE not in config.stash:
+        return
+    left = sorted(test_namespaces() - config.stash[_NETNS_BEFORE])
+    if not left:
+        return
+    for ns in left:  # what runs there was started by a test of this run
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=False).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, check=False)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "leak guard", red=True)
+        reporter.write_line(f"the run left {len(left)} namespace(s) of a test's making (now removed): {', '.join(left)}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # ---------------------------------------------------------------------------------------------- helpers
