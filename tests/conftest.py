@@ -74,7 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """The controller (not an xdist worker) picks the log file; workers inherit it through the environment."""
     if hasattr(config, "workerinput"):
         return
-    config.stash[_NETNS_BEFORE] = test_namespaces()
+    config.stash[_NETNS_BEFORE] = namespaces_of_tests()
     if os.environ.get(CPU_LOG_ENV):
         return
     fd, path = tempfile.mkstemp(prefix="testbed-test-cpu-", suffix=".jsonl")
@@ -121,7 +121,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 TEST_NETNS = re.compile(r"^(tb-t[a-z0-9]{6}-|tbt-|tbl-)")
 
 
-def test_namespaces() -> set[str]:
+def namespaces_of_tests() -> set[str]:
     """The namespaces of this machine whose names only tests use (none when not root or without `ip`)."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         return set()
@@ -131,14 +131,13 @@ def test_namespaces() -> set[str]:
         return set()
 
 
-test_namespaces.__test__ = False  # a helper, not a test
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if hasattr(config, "workerinput") or _NETNS_BEFORE not in config.stash:
         return
-    left = sorted(test_namespaces() - config.stash[_NETNS_BEFORE])
+    left = sorted(namespaces_of_tests() - config.stash[_NETNS_BEFORE])
     if not left:
         return
     for ns in left:  # what runs there was started by a test of this run

@@ -1,5 +1,9 @@
-"""The suite's own leak guard (tests/conftest.py): a run that leaves a namespace of a test's making fails, naming it,
-and the namespace is removed. Checked on a real inner pytest run that leaves one behind."""
+"""The suite's own machinery, on real inner pytest runs:
+- the leak guard (tests/conftest.py): a run that leaves a namespace of a test's making fails, naming it, and the
+  namespace is removed;
+- xdist groups: `make test` runs `--dist loadgroup`, and a module marked `xdist_group` runs on one worker, so its
+  module fixtures (a lab, a Slurm cluster, a rank job) are built once (with pytest 9 and xdist 3.8 every group was
+  silently ignored and each of 3 workers built them again)."""
 
 from __future__ import annotations
 
@@ -10,9 +14,30 @@ import sys
 import pytest
 from conftest import CPU_LOG_ENV, REPO, netns_list, random_suffix
 
-pytestmark = pytest.mark.root
+
+def test_an_xdist_group_runs_on_one_worker_and_builds_its_module_fixture_once(tmp_path):
+    (tmp_path / "test_grouped.py").write_text(
+        "import os\n\nimport pytest\n\n"
+        "pytestmark = pytest.mark.xdist_group('grouped')\n\n\n"
+        "@pytest.fixture(scope='module')\n"
+        "def built():\n"
+        "    with open('setups.txt', 'a') as f:\n"
+        "        f.write(os.environ['PYTEST_XDIST_WORKER'] + '\\n')\n\n\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_uses_it(built, i):\n"
+        "    pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != CPU_LOG_ENV}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
+         "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_grouped.py")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "6 passed" in done.stdout, done.stdout[-2000:]
+    assert len((tmp_path / "setups.txt").read_text().split()) == 1  # one worker, one setup
 
 
+@pytest.mark.root
 def test_a_run_that_leaves_a_test_namespace_fails_and_the_namespace_is_removed(tmp_path):
     ns = f"tb-t{random_suffix()}-h0"
     (tmp_path / "test_leaky.py").write_text(
