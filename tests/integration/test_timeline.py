@@ -59,11 +59,13 @@ def _check_ordered_and_covering(doc: dict) -> None:
         end = max(s["end_s"] for s in spans if s["lane"] == "compute" and s["name"] == "optimizer")
         assert end <= it["iter_time_s"]  # t0 after the iteration clock's start, t3 before its end: no tolerance
         assert all(0.0 <= s["start_s"] <= s["end_s"] <= end for s in spans), "a span outside the iteration"
-        thread = [(s["start_s"], s["end_s"]) for s in spans if s["lane"] in ("compute", "wait")] + it["hooks"]
-        uncovered = end - _length(thread)
-        # between adjacent marks (last gradient -> the hook's first mark, the end of a wait -> the optimizer) only
-        # microseconds pass; 5 % leaves room for a preemption on a loaded machine
-        assert uncovered <= 0.05 * end, f"{uncovered * 1e3:.3f} ms of {end * 1e3:.3f} ms not covered"
+        # the training thread's lanes (compute, wait, hook calls) run from the iteration's start to its end; what
+        # they leave uncovered lies between adjacent marks (last gradient -> the hook's first mark), microseconds on a
+        # quiet machine but a whole preemption on a loaded one (2.6 ms of 23.7 seen), so it is not bounded here: that
+        # the lanes cover the iteration exactly is tests/unit/runners/test_timeline.py's, on hand-made marks
+        cover = _union([(s["start_s"], s["end_s"]) for s in spans if s["lane"] in ("compute", "wait")] + it["hooks"])
+        assert cover[0][0] == 0.0 and cover[-1][1] == end, cover
+        assert {s["name"] for s in spans if s["lane"] == "compute"} == {"forward", "backward", "optimizer"}
 
 
 def _check_split(doc: dict) -> float:

@@ -78,6 +78,9 @@ def test_overlapped_bucket_hides_what_backward_covers():
     assert {("compute", "forward"), ("compute", "backward"), ("codec", "encode"), ("wire", "collective"),
             ("wait", "wait")} <= lanes  # fmt: skip
     assert rec["hooks"] == [[2.0, 2.6]]
+    # the training thread's lanes (compute, wait, hook calls) cover the whole iteration: forward, backward to the last
+    # gradient, the hook inside it, DDP's wait 4-5, the optimizer 5-5.5
+    assert _thread_cover(rec) == [(0.0, 5.5)]
 
 
 def test_a_waited_collective_hides_nothing():
@@ -90,6 +93,14 @@ def test_a_waited_collective_hides_nothing():
     rec = _record(stats, t1=1.0, t2=4.5, t_red=4.5, t3=5.0, last_grad=1.9, encode_s=0.5, decode_s=0.2)
     assert rec["overlap"]["comm_hidden_s"] == 0.0 and rec["overlap"]["comm_exposed_s"] == pytest.approx(1.5)
     assert [s["waited"] for s in rec["spans"] if s["lane"] == "wire"] == [True]
+    # covered but for the gap between the last gradient (1.9) and the hook's first mark (2.0): adjacent marks, which a
+    # real rank takes microseconds apart (a preemption between them is the only way that gap grows)
+    assert _thread_cover(rec) == [(0.0, 1.9), (2.0, 5.0)]
+
+
+def _thread_cover(rec) -> list[tuple[float, float]]:
+    thread = [(s["start_s"], s["end_s"]) for s in rec["spans"] if s["lane"] in ("compute", "wait")]
+    return [(round(a, 9), round(b, 9)) for a, b in union(thread + [tuple(h) for h in rec["hooks"]])]
 
 
 def test_chrome_trace_and_figure(tmp_path):
