@@ -12,8 +12,10 @@
   waited for: every CLI call, rank and playbook; a module fixture's daemons count where they are reaped) and the total,
   beside `--durations` (the suite is CPU-bound on 2 cores: this says where its time goes). The lines are kept in
   $TESTBED_TEST_CPU_LOG when set (JSON lines: test, cpu_s, wall_s), else in a temporary file removed at the end.
-- Leak guard: a namespace of a test's making (a test cluster "tb-t??????-*", "tbt-*", the lab fixture's "tbl-*") that
-  appeared during the run and is still there at its end fails the run, named; it is then removed (with what runs in it).
+- Leak guard: a namespace of this run's making (a test cluster "tb-t??????-*", "tbt-*", the lab fixture's "tbl-*",
+  named with a suffix this run drew: `random_suffix`/`note_test_name` keep them in $TESTBED_TEST_NAMES) that is
+  still there at the run's end fails the run, named; it is then removed (with what runs in it). Namespaces of another
+  test session on the machine are never touched (their suffixes are not this run's).
 """
 
 from __future__ import annotations
@@ -74,7 +76,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """The controller (not an xdist worker) picks the log file; workers inherit it through the environment."""
     if hasattr(config, "workerinput"):
         return
-    config.stash[_NETNS_BEFORE] = namespaces_of_tests()
+    if not os.environ.get(NAMES_ENV):
+        fd, path = tempfile.mkstemp(prefix="testbed-test-names-", suffix=".txt")
+        os.close(fd)
+        os.environ[NAMES_ENV] = path
+        config.stash[_NAMES_OWNED] = path
     if os.environ.get(CPU_LOG_ENV):
         return
     fd, path = tempfile.mkstemp(prefix="testbed-test-cpu-", suffix=".jsonl")
@@ -84,7 +90,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _CPU_LOG_OWNED = pytest.StashKey[str]()
-_NETNS_BEFORE = pytest.StashKey[set]()
+_NAMES_OWNED = pytest.StashKey[str]()
+NAMES_ENV = "TESTBED_TEST_NAMES"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -121,23 +128,36 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 TEST_NETNS = re.compile(r"^(tb-t[a-z0-9]{6}-|tbt-|tbl-)")
 
 
-def namespaces_of_tests() -> set[str]:
-    """The namespaces of this machine whose names only tests use (none when not root or without `ip`)."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return set()
+def note_test_name(suffix: str) -> None:
+    """Remember a suffix this run put into a namespace's name (the leak guard looks only at those)."""
+    path = os.environ.get(NAMES_ENV)
+    if path:
+        with open(path, "a") as names:  # one short line per write (O_APPEND): workers never interleave within a line
+            names.write(suffix + "\n")
+
+
+def namespaces_of_this_run() -> list[str]:
+    """The namespaces of this machine named like a test's whose suffix this run drew (none when not root)."""
+    path = os.environ.get(NAMES_ENV)
+    if os.geteuid() != 0 or shutil.which("ip") is None or not path or not os.path.exists(path):
+        return []
+    with open(path) as f:
+        drawn = {line.strip() for line in f if line.strip()}
     try:
-        return {n for n in netns_list() if TEST_NETNS.match(n)}
+        test_like = [n for n in netns_list() if TEST_NETNS.match(n)]
     except (OSError, subprocess.CalledProcessError):
-        return set()
-
-
+        return []
+    # the suffix is the second field: tb-<t + suffix>-h0, tbt-<suffix>, tbl-<suffix>-sw
+    return sorted(n for n in test_like if {n.split("-")[1], n.split("-")[1][1:]} & drawn)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if hasattr(config, "workerinput") or _NETNS_BEFORE not in config.stash:
+    if hasattr(config, "workerinput"):
         return
-    left = sorted(namespaces_of_tests() - config.stash[_NETNS_BEFORE])
+    left = namespaces_of_this_run()
+    if config.stash.get(_NAMES_OWNED, None):
+        os.unlink(config.stash[_NAMES_OWNED])
     if not left:
         return
     for ns in left:  # what runs there was started by a test of this run
@@ -149,7 +169,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_sep("=", "leak guard", red=True)
-        reporter.write_line(f"the run left {len(left)} namespace(s) of a test's making (now removed): {', '.join(left)}")
+        reporter.write_line(f"the run left {len(left)} namespace(s) of its making (now removed): {', '.join(left)}")
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -167,8 +187,11 @@ def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, inter
 
 
 def random_suffix(n: int = 6) -> str:
+    """A random name suffix, remembered for the leak guard (the suite's test namespaces and clusters are named here)."""
     alphabet = string.ascii_lowercase + string.digits
-    return "".join(secrets.choice(alphabet) for _ in range(n))
+    suffix = "".join(secrets.choice(alphabet) for _ in range(n))
+    note_test_name(suffix)
+    return suffix
 
 
 def netns_list() -> list[str]:

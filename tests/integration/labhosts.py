@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import note_test_name
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 SSHD = "/usr/sbin/sshd"
@@ -199,6 +201,7 @@ def create_lab_hosts(tmp: Path, n_hosts: int = 3) -> LabHosts:
     if os.geteuid() != 0:
         raise PermissionError("lab hosts need root")
     suffix = secrets.token_hex(2)
+    note_test_name(suffix)  # the suite's leak guard looks only at names this run drew
     mgmt_net, data_net = _free_subnets()
     mgmt_hosts, data_hosts = list(mgmt_net.hosts()), list(data_net.hosts())
     sw = f"{PREFIX}{suffix}-sw"

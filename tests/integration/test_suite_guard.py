@@ -1,6 +1,7 @@
 """The suite's own machinery, on real inner pytest runs:
-- the leak guard (tests/conftest.py): a run that leaves a namespace of a test's making fails, naming it, and the
-  namespace is removed;
+- the leak guard (tests/conftest.py): a run that leaves a namespace of its making fails, naming it, and the namespace
+  is removed; another session's namespaces are left alone (the guard once took a 3-worker run's live cluster, named
+  like a test's, for the inner run's leak);
 - xdist groups: `make test` runs `--dist loadgroup`, and a module marked `xdist_group` runs on one worker, so its
   module fixtures (a lab, a Slurm cluster, a rank job) are built once (with pytest 9 and xdist 3.8 every group was
   silently ignored and each of 3 workers built them again)."""
@@ -12,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CPU_LOG_ENV, REPO, netns_list, random_suffix
+from conftest import CPU_LOG_ENV, NAMES_ENV, REPO, netns_list, random_suffix
 
 
 def test_an_xdist_group_runs_on_one_worker_and_builds_its_module_fixture_once(tmp_path):
@@ -27,7 +28,7 @@ def test_an_xdist_group_runs_on_one_worker_and_builds_its_module_fixture_once(tm
         "def test_uses_it(built, i):\n"
         "    pass\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != CPU_LOG_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (CPU_LOG_ENV, NAMES_ENV)}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", "--dist", "loadgroup",
          "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_grouped.py")],
@@ -38,24 +39,33 @@ def test_an_xdist_group_runs_on_one_worker_and_builds_its_module_fixture_once(tm
 
 
 @pytest.mark.root
-def test_a_run_that_leaves_a_test_namespace_fails_and_the_namespace_is_removed(tmp_path):
-    ns = f"tb-t{random_suffix()}-h0"
+def test_a_run_that_leaves_a_namespace_of_its_making_fails_and_it_is_removed_but_no_other(tmp_path):
+    """The inner run draws its namespace's name (conftest.random_suffix) and leaves it; a namespace named like a
+    test's but drawn by this (outer) run, standing for another session's cluster, is not the inner run's to remove."""
+    other = f"tb-t{random_suffix()}-h0"
     (tmp_path / "test_leaky.py").write_text(
-        "import subprocess\n\n\n"
+        "import subprocess\n\nfrom conftest import random_suffix\n\n\n"
         "def test_leaves_a_namespace():\n"
-        f"    subprocess.run(['ip', 'netns', 'add', '{ns}'], check=True)\n"
+        "    ns = f'tb-t{random_suffix()}-h0'\n"
+        "    open('leaked.txt', 'w').write(ns)\n"
+        "    subprocess.run(['ip', 'netns', 'add', ns], check=True)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != CPU_LOG_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (CPU_LOG_ENV, NAMES_ENV)}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), str(REPO)])
+    ns = None
     try:
+        subprocess.run(["ip", "netns", "add", other], check=True)
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "conftest",
              "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path / "test_leaky.py")],
             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120, check=False,
         )  # fmt: skip
+        ns = (tmp_path / "leaked.txt").read_text()
         assert "1 passed" in done.stdout, done.stdout[-2000:]
         assert done.returncode == pytest.ExitCode.TESTS_FAILED, done.stdout[-2000:]
-        assert "leak guard" in done.stdout and ns in done.stdout
-        assert ns not in netns_list()
+        assert "leak guard" in done.stdout and ns in done.stdout and other not in done.stdout
+        assert ns not in netns_list() and other in netns_list()
     finally:
-        subprocess.run(["ip", "netns", "delete", ns], capture_output=True, check=False)
+        for name in (ns, other):
+            if name:
+                subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
