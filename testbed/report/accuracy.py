@@ -156,6 +156,14 @@ def final_accuracy(conv: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def _same_group(df: pd.DataFrame, row: pd.Series, variant_column: str) -> pd.DataFrame:
+    """The rows of `df` with `row`'s model, batch, workers, data and variant (named `variant_column` in `df`)."""
+    keep = df[variant_column] == row["variant"]
+    for key in KEYS:
+        keep &= df[key] == row[key]
+    return df[keep]
+
+
 def composition_errors(tta: pd.DataFrame, conv: pd.DataFrame) -> pd.DataFrame:
     """Direct shaped runs to target against the composition at their rate (same group and compressor). The composition
     checked is the direct run's own seed's: that seed's unshaped steps to target x the iteration time at the rate
@@ -166,15 +174,13 @@ def composition_errors(tta: pd.DataFrame, conv: pd.DataFrame) -> pd.DataFrame:
     direct = conv[(conv["rate_bps"] > 0) & conv["train_time_to_target_s"].notna()]
     unshaped = conv[(conv["rate_bps"] == 0) & conv["target_accuracy"].notna()]
     for _, d in direct.iterrows():
-        same = (tta["model"] == d["model"]) & (tta["batch_size"] == d["batch_size"]) & (tta["world_size"] == d["world_size"]) \
-            & (tta["data"] == d["data"]) & (tta["compressor"] == d["variant"])  # fmt: skip
-        m = tta[same & (tta["rate_bps"] == d["rate_bps"])]
+        m = _same_group(tta, d, "compressor")
+        m = m[m["rate_bps"] == d["rate_bps"]]
         if m.empty:
             continue
-        seed_runs = unshaped[(unshaped["model"] == d["model"]) & (unshaped["batch_size"] == d["batch_size"])
-                             & (unshaped["world_size"] == d["world_size"]) & (unshaped["data"] == d["data"])
-                             & (unshaped["variant"] == d["variant"]) & (unshaped["seed"] == d["seed"])
-                             & (unshaped["target_accuracy"] == d["target_accuracy"])]["steps_to_target"].dropna()  # fmt: skip
+        seed_runs = _same_group(unshaped, d, "variant")
+        seed_runs = seed_runs[(seed_runs["seed"] == d["seed"]) & (seed_runs["target_accuracy"] == d["target_accuracy"])]
+        seed_runs = seed_runs["steps_to_target"].dropna()
         if not seed_runs.empty:
             steps, steps_from = float(seed_runs.iloc[0]), f"seed {int(d['seed'])}"
         else:
