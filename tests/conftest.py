@@ -13,7 +13,7 @@
   beside `--durations` (the suite is CPU-bound on 2 cores: this says where its time goes). The lines are kept in
   $TESTBED_TEST_CPU_LOG when set (JSON lines: test, cpu_s, wall_s), else in a temporary file removed at the end.
 - Leak guard: a namespace of this run's making (a test cluster "tb-t??????-*", "tbt-*", the lab fixture's "tbl-*",
-  named with a suffix this run drew: `random_suffix`/`note_test_name` keep them in $TESTBED_TEST_NAMES) that is
+  named with a suffix this run drew: `random_suffix` keeps them in $TESTBED_TEST_NAMES) that is
   still there at the run's end fails the run, named; it is then removed (with what runs in it). Namespaces of another
   test session on the machine are never touched (their suffixes are not this run's).
 """
@@ -60,8 +60,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(reason)
 
 
-# ---------------------------------------------------------------------------------------------- CPU per test
-CPU_LOG_ENV = "TESTBED_TEST_CPU_LOG"
+# ---------------------------------------------------------------------------------------------- CPU per test, leak guard
+CPU_LOG_ENV = "TESTBED_TEST_CPU_LOG"  # JSON lines: test, cpu_s, wall_s
+NAMES_ENV = "TESTBED_TEST_NAMES"  # the name suffixes this run drew, a line each
+_OWNED = pytest.StashKey[list]()  # the run's files the controller made (and removes at the end)
+
+
+def _append_line(path: str, line: str) -> None:
+    """One short line per write (O_APPEND): the xdist workers never interleave within a line."""
+    with open(path, "a") as f:
+        f.write(line + "\n")
 
 
 def _cpu_s() -> float:
@@ -73,25 +81,22 @@ def _cpu_s() -> float:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The controller (not an xdist worker) picks the log file; workers inherit it through the environment."""
+    """The controller (not an xdist worker) picks the CPU log and the names file, unless set; the workers inherit
+    them through the environment."""
     if hasattr(config, "workerinput"):
         return
-    if not os.environ.get(NAMES_ENV):
-        fd, path = tempfile.mkstemp(prefix="testbed-test-names-", suffix=".txt")
-        os.close(fd)
-        os.environ[NAMES_ENV] = path
-        config.stash[_NAMES_OWNED] = path
-    if os.environ.get(CPU_LOG_ENV):
-        return
-    fd, path = tempfile.mkstemp(prefix="testbed-test-cpu-", suffix=".jsonl")
-    os.close(fd)
-    os.environ[CPU_LOG_ENV] = path
-    config.stash[_CPU_LOG_OWNED] = path
+    config.stash[_OWNED] = []
+    for env in (CPU_LOG_ENV, NAMES_ENV):
+        if not os.environ.get(env):
+            fd, os.environ[env] = tempfile.mkstemp(prefix=f"{env.lower()}-")
+            os.close(fd)
+            config.stash[_OWNED].append(os.environ[env])
 
 
-_CPU_LOG_OWNED = pytest.StashKey[str]()
-_NAMES_OWNED = pytest.StashKey[str]()
-NAMES_ENV = "TESTBED_TEST_NAMES"
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for path in config.stash.get(_OWNED, []):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -101,8 +106,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     path = os.environ.get(CPU_LOG_ENV)
     if path:
         line = {"test": item.nodeid, "cpu_s": round(_cpu_s() - cpu0, 2), "wall_s": round(time.monotonic() - wall0, 2)}
-        with open(path, "a") as log:  # one short line per write (O_APPEND): workers never interleave within a line
-            log.write(json.dumps(line) + "\n")
+        _append_line(path, json.dumps(line))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
@@ -113,8 +117,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         return
     with open(path) as log:
         rows = [json.loads(line) for line in log if line.strip()]
-    if config.stash.get(_CPU_LOG_OWNED, None) == path:
-        os.unlink(path)
     if not rows:
         return
     total = sum(r["cpu_s"] for r in rows)
@@ -124,16 +126,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(f"{total:8.1f} CPU-s in all, {len(rows)} tests")
 
 
-# ---------------------------------------------------------------------------------------------- leak guard
 TEST_NETNS = re.compile(r"^(tb-t[a-z0-9]{6}-|tbt-|tbl-)")
-
-
-def note_test_name(suffix: str) -> None:
-    """Remember a suffix this run put into a namespace's name (the leak guard looks only at those)."""
-    path = os.environ.get(NAMES_ENV)
-    if path:
-        with open(path, "a") as names:  # one short line per write (O_APPEND): workers never interleave within a line
-            names.write(suffix + "\n")
 
 
 def namespaces_of_this_run() -> list[str]:
@@ -156,8 +149,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):
         return
     left = namespaces_of_this_run()
-    if config.stash.get(_NAMES_OWNED, None):
-        os.unlink(config.stash[_NAMES_OWNED])
     if not left:
         return
     for ns in left:  # what runs there was started by a test of this run
@@ -190,7 +181,8 @@ def random_suffix(n: int = 6) -> str:
     """A random name suffix, remembered for the leak guard (the suite's test namespaces and clusters are named here)."""
     alphabet = string.ascii_lowercase + string.digits
     suffix = "".join(secrets.choice(alphabet) for _ in range(n))
-    note_test_name(suffix)
+    if os.environ.get(NAMES_ENV):
+        _append_line(os.environ[NAMES_ENV], suffix)
     return suffix
 
 
