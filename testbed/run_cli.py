@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -130,6 +131,35 @@ def unsteady_note(row: dict[str, Any]) -> str | None:
             f"{ratio:.2f}x its last two; measure it again with a larger --warmup-iters (was {row['warmup_iters']})")
 
 
+HEAD_START_SHARE = 0.05  # warn when the token bucket's head start could be this share of the measured time
+
+
+def head_start_note(row: dict[str, Any]) -> str | None:
+    """A one-line warning when the link's token bucket could have carried a large share of the measured steps'
+    traffic unshaped, else None. A full bucket of `burst_bytes` lets a flow run ahead of the rate by
+    burst x 8 / rate seconds (64 KB at 2 Mbit/s: 262 ms); the warm-up drains only part of it, so a short measurement
+    at a low rate has fast first steps and a mean that is too low (PowerSGD, 2 hosts, 2 Mbit/s: 28.0-28.4 ms over
+    30 iterations, 30.9 ms over 200; p5 15-17 ms against 28.6). The figure is a bound: the bias measured is about a
+    third of it."""
+    rate, burst, wall, iters = (row.get(k) for k in ("rate_bps", "burst_bytes", "wall_measured_s", "iters"))
+    if row.get("status") != "ok" or not rate or not burst or not wall or not iters:
+        return None
+    head_start_s = burst * 8 / rate
+    share = head_start_s / wall
+    if share <= HEAD_START_SHARE:
+        return None
+    need = math.ceil(iters * share / HEAD_START_SHARE)
+    return (f"warning: trial {row['trial_id']} measured {wall:.2f} s of steps at {format_rate(rate)}, and the link's "
+            f"{format_size(burst)} token bucket ({head_start_s * 1e3:.0f} ms of data at the rate) lets the first "
+            f"steps pass unshaped: its mean may be up to {share * 100:.0f} % low; measure it again with --iters {need} "
+            f"or more (was {iters})")
+
+
+def trial_notes(row: dict[str, Any]) -> list[str]:
+    """The warnings printed under a trial's summary and beside it in a sweep."""
+    return [n for n in (unsteady_note(row), head_start_note(row)) if n]
+
+
 def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any] | None) -> None:
     if row["status"] != "ok":
         console.print(f"[red]trial {row['trial_id']} {row['status']}[/]: {row['error']}", markup=True)
@@ -178,8 +208,7 @@ def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any
     elif trial.compressor != "syncsgd":
         table.add_row("speedup over syncsgd", "no matching syncsgd trial stored")
     console.print(table)
-    note = unsteady_note(row)
-    if note:
+    for note in trial_notes(row):
         console.print(f"[yellow]{note}[/]", markup=True)
 
 
@@ -278,8 +307,9 @@ def _run_grid(args: argparse.Namespace, cluster, store, todo: list[Trial], infos
                 progress.console.print(f"[red]{row['status']}[/] {trial.label()}: {row['error']}")
                 if args.fail_fast:
                     break
-            elif note := unsteady_note(row):
-                progress.console.print(f"[yellow]{note}[/] ({trial.label()})", markup=True)
+            else:
+                for note in trial_notes(row):
+                    progress.console.print(f"[yellow]{note}[/] ({trial.label()})", markup=True)
             progress.advance(task)
     console.print(f"sweep finished: {len(todo) - failed} ok, {failed} failed; results in {store.root}")
     return 1 if failed else 0

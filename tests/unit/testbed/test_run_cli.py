@@ -1,0 +1,28 @@
+"""The warnings under a trial's summary (testbed/run_cli.py): the token bucket's head start."""
+
+from testbed.run_cli import head_start_note, trial_notes
+
+TID = "0123456789abcdef"
+
+
+def shaped_row(**extra):
+    # PowerSGD, 2 hosts, 2 Mbit/s, 30 measured iterations: the measured row of the short run this warning comes from
+    return {"trial_id": TID, "status": "ok", "rate_bps": 2_000_000, "burst_bytes": 65536, "wall_measured_s": 0.8346,
+            "iters": 30, **extra}  # fmt: skip
+
+
+def test_a_short_measurement_at_a_low_rate_is_told_the_buckets_head_start_and_how_many_iterations_bound_it():
+    note = head_start_note(shaped_row())
+    # 64 KB at 2 Mbit/s is 262 ms, 31 % of 0.83 s; 5 % needs 30 x 31.4 / 5 -> 189 iterations
+    assert note.startswith(f"warning: trial {TID} measured 0.83 s of steps at 2mbit")
+    assert "(262 ms of data at the rate)" in note and "up to 31 % low" in note
+    assert "--iters 189 or more (was 30)" in note
+    assert trial_notes(shaped_row()) == [note]
+
+
+def test_no_head_start_warning_where_the_bucket_is_small_against_the_measurement_or_there_is_none():
+    assert head_start_note(shaped_row(wall_measured_s=6.19, iters=200)) is None  # 262 ms is 4.2 % of 6.2 s
+    assert head_start_note(shaped_row(rate_bps=1_000_000_000)) is None  # 64 KB at 1 Gbit/s: 0.5 ms
+    assert head_start_note(shaped_row(rate_bps=0, burst_bytes=None)) is None  # unshaped
+    assert head_start_note(shaped_row(status="failed")) is None  # a failure says why itself
+    assert head_start_note({"trial_id": TID, "status": "ok"}) is None  # a row of an older testbed
