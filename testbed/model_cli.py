@@ -203,7 +203,9 @@ def add_commands(subparsers: Any) -> None:
         "nccl-tests) on the cluster's ranks, with the backend trials use; fits latency, effective bandwidth and the "
         "host cost per byte, stored beside the profiles for `predict` and `report`. With --bw RATE every link is "
         "shaped at RATE for the measurement, with --bw none every link is unshaped, without --bw the cluster's "
-        "current shaping stays; calibrations at several rates are interpolated between (by the rate a trial runs at).",
+        "current shaping stays; with --bw RATE,RATE,... (e.g. 100mbit,1gbit,none) it calibrates at each in turn. "
+        "Calibrations at several rates are interpolated between (by the rate a trial runs at); a prediction outside "
+        "them is marked extrapolated, so list the lowest and highest rates a sweep will run at.",
     )
     add_name(p)
     add_shape_flags(p)
@@ -329,15 +331,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import math
 
     from testbed.calibrate import check_settings, run_calibration
-    from testbed.cli_common import bw_is_unshaped, shape_from_args
     from testbed.cluster import backends
     from testbed.cluster_lease import hold
     from testbed.launch import stop_on_signals
     from testbed.outputs import check_output_dir
     from testbed.trial_args import wait_seconds
 
-    unshaped = bw_is_unshaped(args)
-    shape = shape_from_args(args)
+    points = calibration_points(args)  # [(shape, unshaped)], one per --bw item, all checked before anything runs
     sizes = parse_sizes(args.sizes)
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise InputError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
@@ -351,26 +351,57 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     with hold(args.name, wait_s=wait_s):  # one command at a time shapes and measures a cluster
         cluster = backends.open_cluster(args.name)
         stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: the ranks are ended and the shaping restored
+        done = []
         with console.status("calibrating...") as status:
-            c, path = run_calibration(
-                cluster,
-                args.out,
-                shape=shape,
-                unshaped=unshaped,
-                world_size=args.world_size,
-                backend=args.backend,
-                sizes_bytes=sizes,
-                reps=args.reps,
-                timeout_s=args.timeout,
-                on_phase=lambda msg: status.update(f"calibrating: {msg}..."),
-            )
-    if args.json:
-        sys.stdout.write(json.dumps({"path": str(path), **pm.calibration_to_dict(c)}, indent=2) + "\n")
+            for shape, unshaped in points:
+                at = "unshaped" if unshaped else (pm.rate_text(shape.rate_bps) if shape else "the current shaping")
+                c, path = run_calibration(
+                    cluster,
+                    args.out,
+                    shape=shape,
+                    unshaped=unshaped,
+                    world_size=args.world_size,
+                    backend=args.backend,
+                    sizes_bytes=sizes,
+                    reps=args.reps,
+                    timeout_s=args.timeout,
+                    on_phase=lambda msg, at=at: status.update(f"calibrating at {at}: {msg}..."),
+                )
+                done.append((c, path))
+    if args.json:  # one rate: the calibration's object (as always); several: a list of them, in --bw's order
+        objs = [{"path": str(path), **pm.calibration_to_dict(c)} for c, path in done]
+        sys.stdout.write(json.dumps(objs[0] if len(objs) == 1 else objs, indent=2) + "\n")
         return 0
-    console.print(model_views.calibration_table(c))
-    console.print(model_views.calibration_summary(c))
-    console.print(f"stored: {path} (figure {path.with_suffix('.png')})")
+    for c, path in done:
+        console.print(model_views.calibration_table(c))
+        console.print(model_views.calibration_summary(c))
+        console.print(f"stored: {path} (figure {path.with_suffix('.png')})")
     return 0
+
+
+def calibration_points(args: argparse.Namespace) -> list[tuple[Any, bool]]:
+    """--bw as (shape, unshaped) per rate: one rate or `none` as before, or a comma-separated list (e.g.
+    `100mbit,1gbit,none`: the rates a sweep will run at, so that no prediction there is extrapolated). The shaping
+    flags (--burst, --delay, ...) apply to every shaped rate of a list; a rate listed twice is refused. No --bw: the
+    current shaping."""
+    from testbed.cli_common import bw_is_unshaped, shape_from_args
+
+    items = [args.bw] if args.bw is None or "," not in args.bw else [x.strip() for x in args.bw.split(",")]
+    flags = ("burst", "delay", "jitter", "loss")
+    points, seen = [], {}
+    for item in items:
+        one = argparse.Namespace(**{**vars(args), "bw": item})
+        unshaped = bw_is_unshaped(one)
+        if unshaped and len(items) > 1:  # a list's `none` has no bucket or delay to take the flags
+            for flag in flags:
+                setattr(one, flag, None)
+        point = (shape_from_args(one), unshaped)
+        key = point[0].rate_bps if point[0] is not None else ("none" if point[1] else "current")
+        if key in seen:
+            raise InputError(f"--bw {args.bw}: {item!r} is the same rate as {seen[key]!r}; accepted: each rate once")
+        seen[key] = item
+        points.append(point)
+    return points
 
 
 # ---------------------------------------------------------------------------------------------- predict

@@ -250,3 +250,56 @@ def test_predict_uses_a_calibration_and_says_which(tmp_path, profile_file, capsy
     assert "calibration " + path.name in capsys.readouterr().out.replace("\n", "")
     with pytest.raises(InputError, match="--calibration"):
         run(["predict", "--profile", str(profile_file), "--calibration", str(tmp_path / "nope.json")])
+
+
+# ---------------------------------------------------------------------------------------------- calibrate --bw list
+def _calibrate_args(bw, **flags):
+    parser = argparse.ArgumentParser(prog="testbed")
+    model_cli.add_commands(parser.add_subparsers(dest="command", required=True))
+    argv = ["calibrate", "--name", "c"] + (["--bw", bw] if bw is not None else [])
+    for k, v in flags.items():
+        argv += [f"--{k}", v]
+    return parser.parse_args(argv)
+
+
+def test_calibrate_bw_list_gives_one_point_per_rate_in_order_with_the_shaping_flags_on_each():
+    points = model_cli.calibration_points(_calibrate_args("100mbit,1gbit,none", burst="128kb"))
+    assert [(s.rate_bps if s else None, u) for s, u in points] == [(100_000_000, False), (1_000_000_000, False),
+                                                                   (None, True)]  # fmt: skip
+    assert points[0][0].burst_bytes == points[1][0].burst_bytes == 128_000
+    assert [(s.rate_bps if s else None, u) for s, u in model_cli.calibration_points(_calibrate_args("1gbit"))] == [
+        (1_000_000_000, False)]  # fmt: skip
+    assert model_cli.calibration_points(_calibrate_args("none")) == [(None, True)]
+    assert model_cli.calibration_points(_calibrate_args(None)) == [(None, False)]  # the cluster's current shaping
+    with pytest.raises(InputError, match="'1000mbit' is the same rate as '1gbit'"):
+        model_cli.calibration_points(_calibrate_args("1gbit,1000mbit"))
+
+
+def test_calibrate_with_a_bw_list_calibrates_at_each_rate_under_one_lease_and_prints_every_one(
+        monkeypatch, tmp_path, capsys):  # fmt: skip
+    """The handler's loop (one calibration per --bw item, in order, a JSON list); what one calibration does on a
+    real cluster is tests/integration/test_calibrate.py."""
+    import contextlib
+
+    from testbed import calibrate, cluster_lease
+    from testbed.cluster import backends
+    from tests.unit.testbed.perfmodel.test_calibration import _at
+
+    calls, leases = [], []
+
+    def fake_calibration(cluster, out_dir, *, shape=None, unshaped=False, **_kw):
+        calls.append((shape.rate_bps if shape else None, unshaped))
+        c = _at(shape.rate_bps if shape else None, 1e-9, 0.0)
+        return c, tmp_path / f"calibration-{len(calls)}.json"
+
+    monkeypatch.setattr(calibrate, "run_calibration", fake_calibration)
+    monkeypatch.setattr(backends, "open_cluster", lambda name: object())
+    monkeypatch.setattr(cluster_lease, "hold", lambda name, **kw: leases.append(name) or contextlib.nullcontext())
+    monkeypatch.setattr("testbed.launch.stop_on_signals", lambda: None)
+    args = _calibrate_args("100mbit,none", out=str(tmp_path))
+    args.json = True
+    assert args.func(args) == 0
+    assert calls == [(100_000_000, False), (None, True)] and leases == ["c"]
+    printed = json.loads(capsys.readouterr().out)
+    assert [p["rate_bps"] for p in printed] == [100_000_000, None]
+    assert [p["path"] for p in printed] == [str(tmp_path / "calibration-1.json"), str(tmp_path / "calibration-2.json")]
