@@ -19,8 +19,8 @@ measured range, "never" where the measurement says never; median per-trial error
 Needs root. Uses its own cluster name and removes it; results and report go to --out (default: a temporary folder).
 
 Held-out validation (issue 32): `--holdout SEED [--configs N]` draws N configurations from HOLDOUT_SPACE with that
-seed (hosts 2-5, batch 8-64, resnet18/resnet50/bert-base/cnn, 2-4 compressors besides sync SGD, 4-6 rates including
-unshaped), calibrates at every drawn rate (so no prediction is extrapolated), runs each with --repeats, and scores
+seed (hosts 2-5, batch 8-64, DDP buckets of 5/25/50 MB, resnet18/resnet50/bert-base/cnn, 2-4 compressors besides
+sync SGD, 4-6 rates including unshaped), calibrates at every drawn rate (so no prediction is extrapolated), runs each with --repeats, and scores
 median and worst error and the crossover verdicts. The git commit the model was frozen at is recorded with the result
 in HOLDOUT_LEDGER, and a seed already there is refused (a seed is used once; judge a fix on a new one).
 `--dry-run` prints the drawn configurations and an estimate of the wall time, and runs nothing.
@@ -120,6 +120,7 @@ HOLDOUT_SPACE = {
     "compressors": ("fp16", "powersgd", "acpsgd", "signsgd", "topk", "mstopk"),
     "rates": ("100mbit", "200mbit", "300mbit", "500mbit", "1gbit", "2gbit", "3gbit", "5gbit"),
     "rate_count": (3, 5),  # shaped rates, plus unshaped: 4-6 in all
+    "bucket_cap_mb": (5, 25, 50),  # DDP's bucket cap: many small buckets, torch's default, few large ones
 }
 HOLDOUT_LEDGER = REPO / "bench" / "holdout_results.jsonl"
 # seconds per iteration on a 2-core machine, per model at batch 32 with 4 co-located ranks (documented runs)
@@ -138,7 +139,7 @@ def draw_configs(seed: int, n: int) -> list[dict]:
         out.append({"model": rng.choice(sp["models"]), "hosts": rng.randint(*sp["hosts"]),
                     "batch_size": rng.choice(sp["batch"]),
                     "compressors": ["syncsgd", *rng.sample(sp["compressors"], rng.randint(2, 4))],
-                    "bw": [*rates, "none"]})  # fmt: skip
+                    "bw": [*rates, "none"], "bucket_cap_mb": rng.choice(sp["bucket_cap_mb"])})  # fmt: skip
     return out
 
 
@@ -169,7 +170,7 @@ def holdout(args: argparse.Namespace) -> int:
     if args.with_issue_config:  # issue 32's 3-host configuration, which its acceptance needs among the held-out ones
         configs.insert(0, {"model": "resnet18", "hosts": 3, "batch_size": 16,
                            "compressors": ["syncsgd", "fp16", "powersgd", "signsgd", "topk"],
-                           "bw": ["100mbit", "300mbit", "1gbit", "3gbit", "none"]})  # fmt: skip
+                           "bw": ["100mbit", "300mbit", "1gbit", "3gbit", "none"], "bucket_cap_mb": 25})  # fmt: skip
     iters, repeats = args.iters or 10, args.repeats or 2
     total = 0.0
     print(f"# Held-out validation, seed {args.holdout}: {len(configs)} configurations, {iters} iterations, "
@@ -177,7 +178,8 @@ def holdout(args: argparse.Namespace) -> int:
     for i, c in enumerate(configs):
         est = estimate_wall_s(c, iters, repeats, args.warmup_iters)
         total += est
-        print(f"{i + 1}. {c['model']} bs{c['batch_size']}, {c['hosts']} hosts, {','.join(c['compressors'])} at "
+        print(f"{i + 1}. {c['model']} bs{c['batch_size']}, {c['hosts']} hosts, buckets {c['bucket_cap_mb']} MB, "
+              f"{','.join(c['compressors'])} at "
               f"{','.join(c['bw'])} (about {est / 60:.0f} min)")
     print(f"\nestimated wall time: about {total / 3600:.1f} h on a quiet 2-core machine")
     if args.dry_run:
@@ -191,7 +193,8 @@ def holdout(args: argparse.Namespace) -> int:
         argv = [sys.executable, str(Path(__file__).resolve()), "--models", c["model"], "--hosts", str(c["hosts"]),
                 "--bw", ",".join(c["bw"]), "--compressors", ",".join(c["compressors"]), "--batch-size",
                 str(c["batch_size"]), "--iters", str(iters), "--repeats", str(repeats), "--warmup-iters",
-                str(args.warmup_iters), "--calibrate-bw", ",".join(c["bw"]), "--out", str(out)]  # fmt: skip
+                str(args.warmup_iters), "--calibrate-bw", ",".join(c["bw"]), "--bucket-cap-mb", str(c["bucket_cap_mb"]),
+                "--out", str(out)]  # fmt: skip
         done = subprocess.run(argv, cwd=REPO, text=True, capture_output=True)
         (work / f"config{i + 1}.md").write_text(done.stdout + done.stderr)
         if done.returncode != 0:
@@ -225,6 +228,7 @@ def main() -> int:
                     help="unmeasured steps per trial (default: %(default)s, as `testbed run`; at 4 ranks on 2 cores "
                     "Sign-SGD, Top-K and PowerSGD are still 14-45 %% slower in steps 3-4 than in steps 7-8)")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket cap of profiles and trials")
     ap.add_argument("--calibrate-bw", default="1gbit,none",
                     help="shapings to calibrate at, comma-separated; the model interpolates between them by rate "
                     "(default: %(default)s)")
@@ -257,9 +261,10 @@ def main() -> int:
     try:
         for n in hosts:
             testbed("up", "--name", NAME, "--hosts", str(n), "--recreate")
-            for at in args.calibrate_bw.split(","):  # several rates: the model interpolates between them
-                cal = json.loads(testbed("calibrate", "--name", NAME, "--bw", at, "--sizes", args.calibrate_sizes,
-                                         "--out", str(profiles), "--json"))  # fmt: skip
+            # several rates, one command: the model interpolates between them
+            cals = json.loads(testbed("calibrate", "--name", NAME, "--bw", args.calibrate_bw, "--sizes",
+                                      args.calibrate_sizes, "--out", str(profiles), "--json"))  # fmt: skip
+            for at, cal in zip(args.calibrate_bw.split(","), cals if isinstance(cals, list) else [cals], strict=True):
                 f = cal["fitted"]
                 print(f"calibration, {n} hosts at {at}: alpha {f['latency_s'] * 1e6:.3g} us, all-reduce "
                       f"{f['bandwidth_bps'] / 1e6:.1f} Mbit/s (efficiency {f['efficiency']}), all-gather "
@@ -280,12 +285,12 @@ def main() -> int:
                 for m in models:
                     testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
                             "--colocated", str(n), "--out", str(rep_dir), "--iters", str(max(10, iters)),
-                            "--compressors", profiled)  # fmt: skip
+                            "--compressors", profiled, "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
                 for m in models:
                     testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
                             "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
                             "--warmup-iters", str(args.warmup_iters), "--seed", str(rep), "--out", str(results),
-                            "--yes")  # fmt: skip
+                            "--bucket-cap-mb", str(args.bucket_cap_mb), "--yes")  # fmt: skip
             print(pool_repeats(sorted(profiles.glob(f"{n}hosts-rep*")), profiles))
     finally:
         subprocess.run([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO, capture_output=True)
