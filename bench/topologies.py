@@ -6,10 +6,12 @@ cross traffic; sync SGD, PowerSGD, ACP-SGD, signSGD and Top-K.
     python bench/topologies.py --smoke --model mlp            # one point per shape, tiny model (a few minutes)
 
 The prediction per trial: the compressor's measured flat trial (every link at --bw, no cross traffic), plus the
-change of its collective's bandwidth term when the ring's bottleneck (testbed.perfmodel.ring_bottleneck: the slowest
-host link, the spine's share per cross-rack step, the share cross traffic leaves) replaces the flat rate:
+change of its collective's time when the ring's bottleneck (testbed.perfmodel.ring_bottleneck: the slowest host
+link, the spine's share per cross-rack step, the share cross traffic leaves) replaces the flat rate, and, with cross
+traffic, each ring step waits half the RTT the trial measured to the ring neighbour while the flows ran (its row's
+loaded_rtt_s: the standing queue the flows keep):
 
-    t_pred(shape) = t_meas(flat) + T_coll(payload, n, B_bottleneck) - T_coll(payload, n, B_flat)
+    t_pred(shape) = t_meas(flat) + T_coll(payload, n, B_bottleneck, q) - T_coll(payload, n, B_flat, 0)
 
 (T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds). Prints one Markdown table per
 shape (measured, predicted, error, bounding link) and the median and worst absolute error. Needs root; uses its own
@@ -60,18 +62,18 @@ def run(args, out: Path, comp: str, *flags: str) -> dict:
     return json.loads(done.stdout)["row"]
 
 
-def coll_s(comp: str, payload: float, n: int, rate: float) -> float:
+def coll_s(comp: str, payload: float, n: int, rate: float, latency_s: float = 0.0) -> float:
     entry = catalog.compressor(comp)
-    if entry.collective == "allgather":
-        return pm.allgather_time_s(payload / n, n, rate, rounds=entry.rounds)  # the row counts all workers' share
-    return pm.allreduce_time_s(payload, n, rate, rounds=entry.rounds)
+    if entry.collective == "allgather":  # the row counts all workers' share
+        return pm.allgather_time_s(payload / n, n, rate, latency_s, rounds=entry.rounds)
+    return pm.allreduce_time_s(payload, n, rate, latency_s, rounds=entry.rounds)
 
 
 def predict(flat: dict, comp: str, n: int, flat_bps: float, lay: pm.Layout) -> tuple[float, str]:
     b = pm.ring_bottleneck(lay)
     payload = flat["payload_bytes_per_iter"] or 0.0
     rate = b.rate_bps if b.bounded else flat_bps
-    extra = coll_s(comp, payload, n, rate) - coll_s(comp, payload, n, flat_bps)
+    extra = coll_s(comp, payload, n, rate, lay.queue_delay_s) - coll_s(comp, payload, n, flat_bps)
     return flat["iter_time_s_p50"] + extra, b.link
 
 
@@ -118,7 +120,8 @@ def main() -> int:
         for k in crosses:
             for c in comps:
                 meas = run(args, out, c, "--cross-traffic", str(k))
-                lay = trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k))
+                lay = trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k),
+                                         loaded_rtt_s=meas.get("loaded_rtt_s"))  # fmt: skip
                 lines.append(row(f"{k} cross flow{'s' * (k != 1)}", c, meas, lay))
         tables.append("\n".join(lines))
         lines = [head]

@@ -91,6 +91,35 @@ def start(
     return procs
 
 
+RTT_PINGS = 12  # pings to the ring neighbour while the flows run (2.4 s at 0.2 s apart)
+RTT_INTERVAL_S = 0.2  # below 0.2 s ping needs root; lab hosts run it as the SSH user
+RTT_SKIP = 3  # the first replies, while the flows still build their standing queue
+
+
+def loaded_rtt_s(cluster, src, dst) -> float | None:
+    """The round-trip time from `src` to its ring neighbour `dst` while the cross traffic runs: the median of the
+    replies after the first RTT_SKIP (seconds), None when ping is missing or nothing came back. A ring step's chunk
+    waits behind the bulk flows' standing queue (docs/topologies.md: 0.1 ms unloaded, 13-82 ms with one to four
+    flows at 20 Mbit/s); the performance model adds half of it per ring step (`Layout.queue_delay_s`)."""
+    argv = ["ping", "-n", "-c", str(RTT_PINGS), "-i", str(RTT_INTERVAL_S), "-W", "2", dst.address]
+    try:
+        out = cluster.run(src, argv, timeout_s=RTT_PINGS * RTT_INTERVAL_S + 10)
+    except Exception:  # noqa: BLE001 - a missing ping or a broken host: no figure, the trial goes on
+        return None
+    return rtt_from_ping(out.stdout)
+
+
+def rtt_from_ping(text: str) -> float | None:
+    """Median reply time (seconds) of ping's output, the first RTT_SKIP replies left out (all of them when fewer)."""
+    import re
+    import statistics
+
+    times = [float(m) / 1e3 for m in re.findall(r"time[=<]([0-9.]+) ?ms", text)]
+    if not times:
+        return None
+    return statistics.median(times[RTT_SKIP:] if len(times) > RTT_SKIP else times)
+
+
 def stop(procs: list) -> list[str]:
     """End every cross-traffic process (its whole process group); returns what failed, in words."""
     problems = []

@@ -1,7 +1,8 @@
 """Run one trial on a cluster: shape and verify the links, start the ranks, watch, collect, record.
 
 Order of work for a trial (and what is undone on the way out, whatever happens):
-  1. shape every link at the trial's rate (the cluster's configured shaping is put back afterwards);
+  1. shape every link at the trial's rate (the cluster's configured shaping is put back afterwards), start the
+     cross traffic and, with it, ping h0 -> h1 for the loaded RTT (testbed.cross_traffic);
   2. probe h0 -> h1 with iperf3 for a second and record the measured goodput;
   3. start every rank of the launch plan (testbed.launch_plan: ranks per host, devices, allowlisted environment) in
      its own process group;
@@ -184,6 +185,9 @@ def run_trial(
         cross = cross_traffic.start(cluster, used, trial.cross_traffic, duration_s=timeout_s + 60,
                                     log_dir=out_dir / "logs", on_start=remember)  # fmt: skip
         row["wall_shape_s"] = lap = time.monotonic() - t0  # where the trial's time goes (docs/results-format.md)
+        if cross:  # what a ring step waits behind the flows' standing queue (the model's queue_delay_s)
+            say("measuring the loaded RTT")
+            row["loaded_rtt_s"] = cross_traffic.loaded_rtt_s(cluster, used[0], used[1])
         if probe and len(used) >= 2:
             from testbed.probe import probe_pair
 

@@ -47,7 +47,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "wall_s": pa.float64(),
     # where wall_s goes (schema 4; null in older rows): the controller's steps, then rank 0's life inside wall_ranks_s
     "wall_shape_s": pa.float64(),  # shaping the links (from the trial's start)
-    "wall_probe_s": pa.float64(),  # the iperf3 check (0 with --no-probe)
+    "wall_probe_s": pa.float64(),  # the iperf3 check (0 with --no-probe) and the loaded-RTT pings (cross traffic)
     "wall_ranks_s": pa.float64(),  # the ranks' start to their exit
     "wall_teardown_s": pa.float64(),  # fetching records, ending the ranks, restoring the shaping
     "wall_rank_start_s": pa.float64(),  # rank 0: its module loaded to every rank ready with its model
@@ -71,6 +71,7 @@ COLUMNS: dict[str, pa.DataType] = {
     "min_host_rate_bps": pa.int64(),  # the slowest host link of the trial (0: every link unshaped)
     "cross_traffic": pa.int32(),  # bulk iperf3 --bidir flows running for the trial's length
     "cross_traffic_pairs": pa.string(),  # their host pairs, e.g. "h0<->h2,h1<->h3"
+    "loaded_rtt_s": pa.float64(),  # RTT to the ring neighbour while the cross traffic ran (null: none, or no ping)
     "racks": pa.int32(),  # racks of the cluster (1: one switch)
     "uplink_bps": pa.int64(),  # each rack's spine link (null: no racks or an unshaped spine)
     "oversubscription": pa.float64(),  # the worst rack's host rates over its uplink

@@ -170,9 +170,10 @@ def row_fields(cluster: Any, trial: Any) -> dict[str, Any]:
 
 def layout(host_names: list[str], trial_rate_bps: int | None, host_rates: dict[str, int | None], *,
            rack_of: list[int] | None = None, uplink_bps: int | None = None,
-           cross_pairs: list[tuple[int, int]] = ()):  # fmt: skip
+           cross_pairs: list[tuple[int, int]] = (), loaded_rtt_s: float | None = None):  # fmt: skip
     """The perfmodel Layout of a trial on hosts in ring order: rates, racks, and the cross-traffic flows (host index
-    pairs, each both directions) counted on each host link and each uplink they cross."""
+    pairs, each both directions) counted on each host link and each uplink they cross; with the RTT measured to the
+    ring neighbour while they ran (the row's `loaded_rtt_s`), half of it as each ring step's queue delay."""
     from testbed.perfmodel import Layout
 
     n = len(host_names)
@@ -191,6 +192,7 @@ def layout(host_names: list[str], trial_rate_bps: int | None, host_rates: dict[s
         uplink_bps=uplink_bps,
         cross_flows=tuple(flows),
         spine_cross_flows=tuple(spine),
+        queue_delay_s=loaded_rtt_s / 2 if loaded_rtt_s and cross_pairs else 0.0,
     )
 
 

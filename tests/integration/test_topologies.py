@@ -67,6 +67,8 @@ def test_straggler_bounds_the_allreduce_and_cross_traffic_runs_only_with_the_tri
     assert row["status"] == "ok", row["error"]
     assert json.loads(row["host_rates"]) == {"h2": 5 * M}
     assert row["min_host_rate_bps"] == 5 * M and row["cross_traffic"] == 1 and row["cross_traffic_pairs"] == "h0<->h1"
+    # the RTT to the ring neighbour was measured while the flow ran (how long is the machine's load's to say)
+    assert row["loaded_rtt_s"] is not None and 0 < row["loaded_rtt_s"] < 10, row["loaded_rtt_s"]
 
     # the straggler bounds the ring: what the all-reduce moved per iteration is at most what 5 Mbit/s carries
     n, payload, iter_s = 3, row["payload_bytes_per_iter"], row["iter_time_s_p50"]

@@ -80,6 +80,31 @@ def test_shaped_network_replaces_the_bandwidth_and_keeps_the_rest():
     assert set(pm.collective_bottlenecks(pm.Layout((1 * M, 2 * M)))) == set(pm.COLLECTIVES)
 
 
+def test_cross_traffic_queue_delay_is_half_the_loaded_rtt_on_every_ring_step():
+    four = ["h0", "h1", "h2", "h3"]
+    lay = trial_shape.layout(four, 20 * M, {}, cross_pairs=cross_traffic.pairs(4, 1), loaded_rtt_s=0.030)
+    assert lay.queue_delay_s == pytest.approx(0.015)
+    assert trial_shape.layout(four, 20 * M, {}, loaded_rtt_s=0.030).queue_delay_s == 0.0  # no flows, no queue
+    net = pm.Network(4, 20 * M, latency_s=1e-4)
+    loaded, _ = pm.shaped_network(net, lay)
+    assert loaded.latency_s == pytest.approx(1e-4 + 0.015) and loaded.bandwidth_bps == 10 * M  # the fair share too
+    # a small all-reduce (latency-bound) pays 2(p-1) = 6 waits of 15 ms; an all-gather p-1 = 3
+    ar = pm.allreduce_time_s(1e3, 4, 10 * M, loaded.latency_s) - pm.allreduce_time_s(1e3, 4, 10 * M, 1e-4)
+    ag = pm.allgather_time_s(1e3, 4, 10 * M, loaded.latency_s) - pm.allgather_time_s(1e3, 4, 10 * M, 1e-4)
+    assert ar == pytest.approx(6 * 0.015) and ag == pytest.approx(3 * 0.015)
+    with pytest.raises(InputError, match="queue delay"):
+        pm.Layout((1 * M, 1 * M), queue_delay_s=-1.0)
+
+
+def test_loaded_rtt_is_the_median_of_pings_after_the_queue_builds():
+    out = "\n".join(f"64 bytes from 10.0.0.2: icmp_seq={i + 1} ttl=64 time={t} ms"
+                     for i, t in enumerate((0.08, 5.1, 12.0, 30.2, 28.9, 31.5, 29.0)))  # fmt: skip
+    assert cross_traffic.rtt_from_ping(out) == pytest.approx(0.0296)  # median of the last four
+    assert cross_traffic.rtt_from_ping("64 bytes from 10.0.0.2: icmp_seq=1 ttl=64 time=0.091 ms") == pytest.approx(
+        0.091e-3)  # fewer replies than the skip: all of them  # fmt: skip
+    assert cross_traffic.rtt_from_ping("ping: connect: Network is unreachable") is None
+
+
 def test_layout_refuses_bad_input():
     with pytest.raises(InputError):
         pm.Layout(())
