@@ -140,6 +140,47 @@ def print_tables(a: argparse.Namespace, elapsed_s: float) -> None:
     if not err.empty:
         print(f"median |error| {err['error_pct'].abs().median():.1f} %, max {err['error_pct'].abs().max():.1f} % "
               f"(issue 33 asks for <= 10 %)")  # fmt: skip
+    print("\n### Steps right after an evaluation (direct runs)\n\n" + md_table(after_evaluation(Path(a.out))))
+
+
+AFTER_EVAL_STEPS = 10
+
+
+def after_evaluation(out: Path):
+    """Per direct run to target (shaped, evaluating every E steps): the mean of the first AFTER_EVAL_STEPS steps after
+    each evaluation against the mean of the others (each step the slowest rank's), beside the throughput run's mean
+    at that rate. An evaluation pauses the link for seconds: its token bucket refills (a head start of burst x 8 /
+    rate, docs/shaping.md) and the caches go cold; this says which way the steps after it moved."""
+    import json
+
+    import pandas as pd
+
+    from runners.timing import slowest_rank_steps
+    from testbed.results import load_results
+
+    rows = load_results(out)
+    rows = rows[rows["status"] == "ok"]
+    thr = rows[(rows["rate_bps"] > 0) & rows["target_accuracy"].isna() & rows["eval_every"].isna()]
+    out_rows = []
+    for _, r in rows[(rows["rate_bps"] > 0) & rows["target_accuracy"].notna()].iterrows():
+        per_rank = []
+        for f in sorted((out / "trials" / r["trial_id"]).glob("rank*.jsonl")):
+            per_rank.append([json.loads(line)["iter_time_s"] for line in f.read_text().splitlines() if line.strip()])
+        steps = slowest_rank_steps(per_rank)
+        first, every = int(r["warmup_iters"]), int(r["eval_every"])
+        after = [t for k, t in enumerate(steps) if (first + k) >= every and (first + k) % every < AFTER_EVAL_STEPS]
+        others = [t for k, t in enumerate(steps) if (first + k) < every or (first + k) % every >= AFTER_EVAL_STEPS]
+        same = thr[(thr["compressor"] == r["compressor"]) & (thr["rate_bps"] == r["rate_bps"])
+                   & (thr["world_size"] == r["world_size"])]  # fmt: skip
+        if not after or not others:
+            continue
+        a_ms, o_ms = 1e3 * sum(after) / len(after), 1e3 * sum(others) / len(others)
+        out_rows.append({"world_size": int(r["world_size"]), "compressor": r["compressor"],
+                         "after evaluation ms": round(a_ms, 2), "other steps ms": round(o_ms, 2),
+                         "after / other": round(a_ms / o_ms, 3),
+                         "throughput run ms": round(1e3 * float(same["iter_time_s_mean"].median()), 2)
+                         if not same.empty else None})  # fmt: skip
+    return pd.DataFrame(out_rows)
 
 
 if __name__ == "__main__":
