@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from typing import Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -13,6 +12,7 @@ from rich.table import Table
 from runners import catalog
 from shaping.units import format_rate, format_size, rate_or_unshaped
 from testbed import trial_shape
+from testbed.caveats import trial_notes
 from testbed.cli_common import add_json, add_name, console, print_json
 from testbed.cluster import backends, registry
 from testbed.config import (
@@ -116,58 +116,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if STOP.is_set():
         return stop_exit_code()
     return 0 if row["status"] == "ok" else 1
-
-
-UNSTEADY_RATIO = 1.10  # a trial whose first two measured steps took this much longer than its last two
-
-
-def unsteady_note(row: dict[str, Any]) -> str | None:
-    """A one-line warning when the trial's steps were still getting faster while measured (`settle_ratio`), else
-    None: its mean and p50 overstate the steady step (4 ranks on 2 cores, Sign-SGD after 2 warm-up steps: 1.43x)."""
-    ratio = row.get("settle_ratio")
-    if row.get("status") != "ok" or ratio is None or ratio <= UNSTEADY_RATIO:
-        return None
-    return (f"warning: trial {row['trial_id']} was still warming up: its first two measured steps took "
-            f"{ratio:.2f}x its last two; measure it again with a larger --warmup-iters (was {row['warmup_iters']})")
-
-
-HEAD_START_SHARE = 0.05  # warn when the token bucket's head start could be this share of the measured time
-
-
-def head_start_note(row: dict[str, Any]) -> str | None:
-    """A one-line warning when the link's token bucket could have carried a large share of the measured steps'
-    traffic unshaped, else None. A full bucket of `burst_bytes` lets a flow run ahead of the rate by
-    burst x 8 / rate seconds (64 KB at 2 Mbit/s: 262 ms); the warm-up drains only part of it, so a short measurement
-    at a low rate has fast first steps and a mean that is too low (PowerSGD, 2 hosts, 2 Mbit/s: 28.0-28.4 ms over
-    30 iterations, 30.9 ms over 200; p5 15-17 ms against 28.6). The figure is a bound: the bias measured is about a
-    third of it. A straggler link (--host-bw, its bucket the default for its rate) counts when its head start is the
-    longer one."""
-    from shaping.plan import default_burst_bytes
-
-    rate, burst, wall, iters = (row.get(k) for k in ("rate_bps", "burst_bytes", "wall_measured_s", "iters"))
-    if row.get("status") != "ok" or not wall or not iters:
-        return None
-    links = [(burst, rate)] if rate and burst else []
-    slowest = row.get("min_host_rate_bps")
-    if slowest and slowest != rate:
-        links.append((default_burst_bytes(slowest), slowest))
-    if not links:
-        return None
-    burst, rate = max(links, key=lambda link: link[0] / link[1])
-    head_start_s = burst * 8 / rate
-    share = head_start_s / wall
-    if share <= HEAD_START_SHARE:
-        return None
-    need = math.ceil(iters * share / HEAD_START_SHARE)
-    return (f"warning: trial {row['trial_id']} measured {wall:.2f} s of steps at {format_rate(rate)}, and the link's "
-            f"{format_size(burst)} token bucket ({head_start_s * 1e3:.0f} ms of data at the rate) lets the first "
-            f"steps pass unshaped: its mean may be up to {share * 100:.0f} % low; measure it again with --iters {need} "
-            f"or more (was {iters})")
-
-
-def trial_notes(row: dict[str, Any]) -> list[str]:
-    """The warnings printed under a trial's summary and beside it in a sweep."""
-    return [n for n in (unsteady_note(row), head_start_note(row)) if n]
 
 
 def print_run_summary(trial: Trial, row: dict[str, Any], baseline: dict[str, Any] | None) -> None:

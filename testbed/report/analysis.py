@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from shaping.units import rate_or_unshaped
+from testbed import caveats
 from testbed import perfmodel as pm
 from testbed.errors import InputError
 
@@ -138,6 +139,8 @@ def check_results(df: pd.DataFrame) -> tuple[pd.DataFrame, list[str], dict[str, 
     if bad.any():
         notes.append(f"{int(bad.sum())} ok trial(s) without an iteration time skipped")
         ok = ok[~bad]
+    if warned := caveats.report_note(ok.to_dict("records")):
+        notes.append(warned)
     ok["rate_bps"] = ok["rate_bps"].fillna(0).astype("int64")
     serial = ok["serial"].fillna(False).astype(bool) if "serial" in ok.columns else [False] * len(ok)
     ok["variant"] = [

@@ -298,6 +298,17 @@ def test_bad_inputs(tmp_path):
         report_from_dir(tmp_path / "empty", tmp_path / "out")
 
 
+def test_trials_whose_measurement_warned_are_counted_in_a_note(tmp_path):
+    df = synthetic_frame(world_sizes=(2,))
+    first = df.index[0]
+    df.loc[first, ["settle_ratio", "warmup_iters"]] = [1.5, 2]  # still warming up when measured
+    res = build_report(df, tmp_path)
+    warned = [n for n in res.notes if n.startswith("trials whose measurement warned")]
+    assert len(warned) == 1 and f"1 still warming up ({df.loc[first, 'trial_id']})" in warned[0]
+    assert not any(n.startswith("trials whose measurement warned") for n in build_report(
+        synthetic_frame(world_sizes=(2,)), tmp_path / "steady").notes)  # fmt: skip
+
+
 def test_mixed_schema_versions_are_noted(tmp_path):
     df = synthetic_frame(world_sizes=(2,))
     df.loc[df.index[:3], "schema_version"] = 99  # a future store's rows: skipped and said; 1 to 5 read

@@ -1,6 +1,9 @@
-"""The warnings under a trial's summary (testbed/run_cli.py): the token bucket's head start."""
+"""What a stored trial's figures say about its measurement (testbed/caveats.py): still warming up, the token
+bucket's head start, and the report's line counting them."""
 
-from testbed.run_cli import head_start_note, trial_notes
+import math
+
+from testbed.caveats import head_start_note, report_note, trial_notes, unsteady_note
 
 TID = "0123456789abcdef"
 
@@ -33,3 +36,25 @@ def test_a_straggler_links_longer_head_start_is_the_one_told():
     note = head_start_note(shaped_row(rate_bps=1_000_000_000, burst_bytes=125_000, min_host_rate_bps=2_000_000))
     assert note is not None and "at 2mbit" in note and "(262 ms of data at the rate)" in note
     assert head_start_note(shaped_row(rate_bps=1_000_000_000, burst_bytes=125_000, min_host_rate_bps=1_000_000_000)) is None
+
+
+def test_a_trial_still_warming_up_is_flagged():
+    row = {"trial_id": TID, "status": "ok", "warmup_iters": 2}
+    note = unsteady_note({**row, "settle_ratio": 1.43})
+    assert note.startswith(f"warning: trial {TID} was still warming up") and "1.43x" in note
+    assert "--warmup-iters (was 2)" in note
+    assert unsteady_note({**row, "settle_ratio": 1.05}) is None  # steady within 10 %
+    assert unsteady_note(row) is None  # fewer than 4 measured steps, or a row of an older testbed
+    assert unsteady_note({**row, "settle_ratio": math.nan}) is None  # the same, as pandas loads it
+    assert unsteady_note({**row, "status": "failed", "settle_ratio": 2.0}) is None  # a failure says why itself
+
+
+def test_the_report_counts_each_warning_with_a_few_ids_and_reads_rows_as_pandas_loads_them():
+    rows = [shaped_row(trial_id=f"{i:016x}") for i in range(5)]
+    rows.append({**shaped_row(trial_id="f" * 16, wall_measured_s=60.0), "settle_ratio": 1.5, "warmup_iters": 2})
+    rows.append({**shaped_row(trial_id="e" * 16, wall_measured_s=60.0), "settle_ratio": math.nan,
+                 "min_host_rate_bps": math.nan})  # fmt: skip
+    note = report_note(rows)
+    assert "1 still warming up (ffffffffffffffff)" in note
+    assert "5 token-bucket head start above 5 % (0000000000000000, 0000000000000001, 0000000000000002 and 2 more)" in note
+    assert report_note(rows[-1:]) is None
