@@ -157,7 +157,8 @@ def _verify(cluster, shape: LinkShape | None) -> list[dict]:
     hosts = cluster.hosts()
     if len(hosts) < 2:
         return []
-    result = probe_pair(cluster, hosts[0], hosts[1], requested_bps=shape.rate_bps if shape else None, duration_s=1.0)
+    result = probe_pair(cluster, hosts[0], hosts[1], requested_bps=shape.rate_bps if shape else None,
+                        burst_bytes=shape.effective_burst_bytes if shape else None, duration_s=1.0)  # fmt: skip
     if not result.within(DEFAULT_TOLERANCE):
         raise ProbeError(
             f"verification failed: {hosts[0].name}->{hosts[1].name} achieved {format_rate(result.achieved_bps)} "
@@ -416,7 +417,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
             for src, dst in pairs:
                 for s in streams:
                     results.append(
-                        probe_pair(cluster, src, dst, requested_bps=requested, duration_s=args.duration, streams=s)
+                        probe_pair(cluster, src, dst, requested_bps=requested, duration_s=args.duration, streams=s,
+                                   burst_bytes=shape.effective_burst_bytes if shape else None)  # fmt: skip
                     )
     bad = [r for r in results if not r.within(args.tolerance)]
     if args.json:

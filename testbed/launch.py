@@ -192,8 +192,8 @@ def run_trial(
             from testbed.probe import probe_pair
 
             say("probing")
-            result = probe_pair(cluster, used[0], used[1], requested_bps=trial.rate_bps, duration_s=probe_duration_s,
-                                streams=probe_streams, on_start=remember)  # fmt: skip
+            result = probe_pair(cluster, used[0], used[1], requested_bps=trial.rate_bps, burst_bytes=trial.burst_bytes,
+                                duration_s=probe_duration_s, streams=probe_streams, on_start=remember)  # fmt: skip
             row["measured_goodput_bps"] = result.achieved_bps
             row["probe_duration_s"], row["probe_streams"] = probe_duration_s, probe_streams
             registry.record_trial(cluster.name, note)
