@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("apply", help="shape an interface")
     common(a)
     a.add_argument("--bw", required=True, help="rate, e.g. 200mbit, 9gbit (bits/s)")
-    a.add_argument("--burst", help="bucket size, e.g. 1.25mb (default: 1 ms of data, at least 64 KB)")
+    a.add_argument("--burst", help="bucket size, e.g. 1.25mb (default: 1 ms of data, at least two frames)")
     a.add_argument("--qdisc", default="htb", choices=("htb", "tbf"))
     a.add_argument("--ingress", action="store_true", help="also shape what arrives (ifb redirect)")
     a.add_argument(

@@ -45,7 +45,7 @@ def add_json(p: argparse.ArgumentParser) -> None:
 
 def add_shape_flags(p: argparse.ArgumentParser, bw_required: bool = False) -> None:
     p.add_argument("--bw", required=bw_required, help="link rate, e.g. 100mbit, 1gbit, 9.5gbit (bits/s)")
-    p.add_argument("--burst", help="token bucket size, e.g. 125kb (default: 1 ms of data at the rate, >= 64 KB)")
+    p.add_argument("--burst", help="token bucket size, e.g. 125kb (default: 1 ms of data at the rate, at least two frames)")
     p.add_argument("--qdisc", default="htb", help="htb (default, 64-bit rates) or tbf (up to ~34 Gbit/s)")
     p.add_argument("--delay", help="one-way delay added by netem, e.g. 5ms (needs sch_netem)")
     p.add_argument("--jitter", help="delay variation, e.g. 1ms (needs --delay)")

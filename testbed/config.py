@@ -17,7 +17,7 @@ from typing import Any
 
 from runners import catalog
 from runners.contract import TRAINING_DEFAULTS
-from shaping.plan import LinkShape
+from shaping.plan import BURST_POLICY, LinkShape
 from shaping.units import (
     UNSHAPED,
     is_unshaped,
@@ -200,6 +200,8 @@ class Trial:
                 del d[key]
         if "host_rates" in d:
             d["host_rates"] = dict(self.host_rates)
+        if self.burst_bytes is None and (self.rate_bps or any(r for _, r in self.host_rates)):
+            d["burst_policy"] = BURST_POLICY  # shaped with the default bucket: its rule is part of what was measured
         return d
 
     @property

@@ -33,8 +33,10 @@ from testbed.errors import InputError
 if TYPE_CHECKING:  # pandas (~0.6 s to import) only when rows are loaded: every CLI command starts without it
     import pandas as pd
 
-SCHEMA_VERSION = 5  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions; 3: learning;
-# 4: where a trial's wall time goes (wall_*_s) and how DDP's model sync ran (model_sync); 5: cluster shapes (issue 36)
+SCHEMA_VERSION = 6  # 2: placement (ranks per host, NCCL settings), overlap, peer skew, GPU/NCCL versions; 3: learning;
+# 4: where a trial's wall time goes (wall_*_s) and how DDP's model sync ran (model_sync); 5: cluster shapes (issue 36);
+# 6: the default token bucket is 1 ms of data, at least two frames (was at least 64 KB; shaped trials with the default
+# bucket have new ids), loaded_rtt_s
 
 # name -> pyarrow type; the order is the column order of the store
 COLUMNS: dict[str, pa.DataType] = {

@@ -122,7 +122,7 @@ def add_trial_flags(p: argparse.ArgumentParser, sweep: bool = False) -> None:
         default=d["serial"],
         help="separate phases cleanly (no overlap), for profiling",
     )
-    p.add_argument("--burst", help="token bucket size (default: 1 ms of data, >= 64 KB)")
+    p.add_argument("--burst", help="token bucket size (default: 1 ms of data, at least two frames)")
     p.add_argument("--qdisc", default=d["qdisc"], help="htb or tbf")
     p.add_argument("--out", default="results", help="results directory (default ./results; its parent must exist)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before a trial is stopped (default 600)")

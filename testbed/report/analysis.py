@@ -19,7 +19,7 @@ from testbed import perfmodel as pm
 from testbed.errors import InputError
 
 SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3, 4, 5)  # 2-5 only added columns (2: placement, overlap, peer skew, GPU versions; 3: learning)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # 2-6 only added columns (2: placement, overlap, peer skew, GPU versions; 3: learning); 6 also changed the default bucket (burst_bytes says which a row had)
 REQUIRED_COLUMNS = (
     "schema_version",
     "trial_id",

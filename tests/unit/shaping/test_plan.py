@@ -4,7 +4,7 @@ import pytest
 
 from shaping.plan import (
     CLASS_HANDLE,
-    MIN_BURST_BYTES,
+    MIN_BURST_FRAMES,
     NETEM_HANDLE,
     ROOT_HANDLE,
     TBF_MAX_RATE_BPS,
@@ -38,10 +38,12 @@ def test_handles_mark_the_testbed():
         (400 * G, 50_000_000),
         (600 * M, 75_000),
         (524_288_000, 65_536),  # exactly 64 KiB per ms
-        (500 * M, 65_536),  # floor: GSO segments reach 64 KB
-        (100 * M, 65_536),
-        (10 * M, 65_536),
-        (1_000, 65_536),
+        (500 * M, 62_500),  # 1 ms all the way down (the 64 KB floor before schema 6 is gone)
+        (100 * M, 12_500),
+        (24_224_000, 3_028),  # two frames are 1 ms here
+        (10 * M, 3_028),  # floor: two full frames (2 x 1514 B)
+        (2 * M, 3_028),
+        (1_000, 3_028),
     ],
 )
 def test_default_burst(rate_bps, burst):
@@ -49,8 +51,16 @@ def test_default_burst(rate_bps, burst):
     assert LinkShape(rate_bps).effective_burst_bytes == burst
 
 
-def test_burst_floor_is_64k():
-    assert MIN_BURST_BYTES == 65_536
+def test_burst_floor_is_two_frames_and_its_rule_names_the_trials_measured_with_it():
+    from shaping.plan import BURST_POLICY
+    from testbed.config import Trial
+
+    assert MIN_BURST_FRAMES == 2 and default_burst_bytes(1_000, mtu=9000) == 2 * 9014
+    shaped, unshaped = Trial("syncsgd", 2 * M, 2), Trial("syncsgd", None, 2)
+    assert shaped.config()["burst_policy"] == BURST_POLICY == "1ms-2frames"
+    assert "burst_policy" not in unshaped.config()  # unshaped trials keep their ids
+    assert "burst_policy" not in Trial("syncsgd", 2 * M, 2, burst_bytes=65_536).config()  # a given bucket is its own
+    assert "burst_policy" in Trial("syncsgd", None, 2, host_rates=(("h1", 2 * M),)).config()  # a straggler link
 
 
 def test_explicit_burst_wins():
@@ -155,7 +165,7 @@ def test_render_htb_in_namespace():
     assert lines[0] == "tc -n tb-x-sw qdisc replace dev h0 root handle 7e57: htb default 1"
     assert lines[1] == (
         "tc -n tb-x-sw class replace dev h0 parent 7e57: classid 7e57:1 htb rate 100000000bit ceil 100000000bit "
-        "burst 65536b cburst 65536b quantum 12500"
+        "burst 12500b cburst 12500b quantum 12500"
     )
 
 

@@ -32,10 +32,11 @@ def test_no_head_start_warning_where_the_bucket_is_small_against_the_measurement
 
 
 def test_a_straggler_links_longer_head_start_is_the_one_told():
-    # every link at 1 Gbit/s (0.5 ms of bucket) but h1 at 2 Mbit/s with its default 64 KB bucket (262 ms)
-    note = head_start_note(shaped_row(rate_bps=1_000_000_000, burst_bytes=125_000, min_host_rate_bps=2_000_000))
-    assert note is not None and "at 2mbit" in note and "(262 ms of data at the rate)" in note
-    assert head_start_note(shaped_row(rate_bps=1_000_000_000, burst_bytes=125_000, min_host_rate_bps=1_000_000_000)) is None
+    # every link at 1 Gbit/s (125 KB: 1 ms) but h1 at 2 Mbit/s with its default bucket (two frames: 12 ms)
+    fast = {"rate_bps": 1_000_000_000, "burst_bytes": 125_000, "wall_measured_s": 0.1}
+    note = head_start_note(shaped_row(**fast, min_host_rate_bps=2_000_000))
+    assert note is not None and "at 2mbit" in note and "(12 ms of data at the rate)" in note
+    assert head_start_note(shaped_row(**fast, min_host_rate_bps=1_000_000_000)) is None
 
 
 def test_a_trial_still_warming_up_is_flagged():

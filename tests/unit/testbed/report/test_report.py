@@ -311,7 +311,7 @@ def test_trials_whose_measurement_warned_are_counted_in_a_note(tmp_path):
 
 def test_mixed_schema_versions_are_noted(tmp_path):
     df = synthetic_frame(world_sizes=(2,))
-    df.loc[df.index[:3], "schema_version"] = 99  # a future store's rows: skipped and said; 1 to 5 read
+    df.loc[df.index[:3], "schema_version"] = 99  # a future store's rows: skipped and said; 1 to 6 read
     res = build_report(df, tmp_path)
     assert any("schema_version 99 skipped" in n and "3 trial(s)" in n for n in res.notes)
 
