@@ -4,7 +4,8 @@ Every built-in compressor on the real Fashion-MNIST (Debian's dataset-fashion-mn
 hosts, 3 seeds, through the testbed's own CLI (the path users take):
   1. convergence: `sweep --bw none --target-accuracy A --max-steps N --eval-every E --seeds S` (steps to target);
   2. fixed budget: `sweep --bw none --max-steps B --eval-every B --seeds S` (accuracy after B steps, over seeds);
-  3. throughput: `sweep --bw R1,R2,R3` on the same data, no evaluation (iteration time per rate);
+  3. throughput: `sweep --bw R1,R2,R3 --seeds T` on the same data, no evaluation (iteration time per rate: the median
+     of T launches);
   4. direct: `sweep --bw R1 --target-accuracy A` with seed 0 (training time to target, shaped; --direct-bw);
 then `testbed report` composes time to accuracy per rate (steps x iteration time) and this script prints Markdown
 tables: steps to target, final accuracy after the budget, time to accuracy at the three rates, the time-to-accuracy
@@ -51,7 +52,7 @@ def estimate_s(a: argparse.Namespace, hosts: list[int], comps: list[str], rates:
     for h in hosts:
         conv = a.seeds * len(comps) * (a.max_steps * STEP_S[h] + a.max_steps / a.eval_every * EVAL_S[h] + START_S)
         budget = a.seeds * len(comps) * (a.budget * STEP_S[h] + EVAL_S[h] + START_S)
-        thr = len(rates) * len(comps) * ((a.iters + 5) * STEP_S[h] * 3 + START_S)  # x3: low rates are slower
+        thr = a.throughput_seeds * len(rates) * len(comps) * ((a.iters + 5) * STEP_S[h] * 3 + START_S)  # low rates x3
         direct = len(a.direct_bw.split(",")) * len(comps) * (a.max_steps * STEP_S[h] * 3 + a.max_steps / a.eval_every * EVAL_S[h]
                                              + START_S)  # fmt: skip
         total += conv + budget + thr + direct
@@ -71,6 +72,9 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--budget", type=int, default=500, help="steps of the fixed-budget runs")
     ap.add_argument("--direct-bw", default=None, help="rates of the direct runs to target (default: the lowest of --bw)")
+    ap.add_argument("--throughput-seeds", type=int, default=3,
+                    help="throughput runs per compressor and rate, each a fresh launch (the report takes their median: "
+                         "at 4 ranks on 2 cores one launch's compute-bound steps differ from another's by up to 15 %%)")
     ap.add_argument("--iters", type=int, default=200,
                     help="measured iterations of the throughput runs (not fewer: at 2 Mbit/s the bucket's 64 KB burst "
                          "is a 262 ms head start, and 30 iterations' mean ran 3-10 %% fast; docs/benchmarks.md)")
@@ -103,7 +107,7 @@ def main() -> int:
             cli("sweep", *common, "--bw", "none", *target, "--seeds", str(a.seeds))
             cli("sweep", *common, "--bw", "none", "--max-steps", str(a.budget), "--eval-every", str(a.budget),
                 "--seeds", str(a.seeds))  # fmt: skip
-            cli("sweep", *common, "--bw", a.bw, "--iters", str(a.iters))
+            cli("sweep", *common, "--bw", a.bw, "--iters", str(a.iters), "--seeds", str(a.throughput_seeds))
             cli("sweep", *common, "--bw", a.direct_bw, *target)
         finally:
             cli("down", "--name", name)
