@@ -14,7 +14,7 @@ import pytest
 from conftest import NO_NETEM_REASON, cluster_netns, kernel_has_netem, netns_list, one_line, random_suffix
 
 from shaping import tc
-from shaping.plan import LinkShape, render_clear, render_tc
+from shaping.plan import LinkShape, default_burst_bytes, render_clear, render_tc
 from testbed.cluster import backends
 from testbed.errors import InputError
 
@@ -111,7 +111,7 @@ READBACK = [
     (["--bw", "1gbit"], "htb", 10**9, 125_000),
     (["--bw", "250mbit", "--burst", "100kb"], "htb", 250 * 10**6, 100_000),
     (["--bw", "9.5gbit"], "htb", 9_500_000_000, 1_187_500),
-    (["--bw", "300mbit", "--qdisc", "tbf"], "tbf", 300 * 10**6, 65_536),
+    (["--bw", "300mbit", "--qdisc", "tbf"], "tbf", 300 * 10**6, 37_500),  # the default: 1 ms of data
     (["--bw", "20gbit", "--qdisc", "tbf", "--burst", "1mib"], "tbf", 20 * 10**9, 1_048_576),
 ]
 
@@ -157,11 +157,11 @@ def test_100g_htb_plan_in_the_kernel(make_cluster):
 # ---------------------------------------------------------------------------------------------- live re-shape
 def test_live_reshape_changes_the_kernels_qdisc(testbed_cli, make_cluster):
     name = make_cluster(2, "--bw", "100mbit")
-    assert_htb_everywhere(name, 10**8, 65_536)
+    assert_htb_everywhere(name, 10**8, default_burst_bytes(10**8))
 
     done = testbed_cli("shape", "--name", name, "--bw", "300mbit")
     assert done.returncode == 0, done.stderr
-    assert_htb_everywhere(name, 3 * 10**8, 65_536)
+    assert_htb_everywhere(name, 3 * 10**8, default_burst_bytes(3 * 10**8))
     assert status(testbed_cli, name)["shape"]["rate_bps"] == 3 * 10**8
 
     done = testbed_cli("shape", "--name", name, "--bw", "2gbit", "--burst", "1mb")
@@ -248,7 +248,7 @@ def test_foreign_root_refused_then_forced_then_restored(testbed_cli, state_dir, 
     # --force replaces it and saves it
     done = testbed_cli("shape", "--name", name, "--bw", "200mbit", "--force")
     assert done.returncode == 0, done.stderr
-    assert_htb_everywhere(name, 2 * 10**8, 65_536)
+    assert_htb_everywhere(name, 2 * 10**8, default_burst_bytes(2 * 10**8))
     backup = state_dir / "qdisc-backup" / f"{h1}__eth0.json"
     assert backup.exists()
 
@@ -333,7 +333,7 @@ def test_failed_netem_apply_keeps_previous_shaping(testbed_cli, make_cluster):
         line = one_line(done.stderr)
         assert "netem" in line and "this kernel lacks" in line
         assert kernel_state(name) == before, flags
-        assert_htb_everywhere(name, 10**8, 65_536)
+        assert_htb_everywhere(name, 10**8, default_burst_bytes(10**8))
         assert status(testbed_cli, name)["shape"] == record_before
 
 
