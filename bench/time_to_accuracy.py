@@ -74,10 +74,10 @@ def main() -> int:
     ap.add_argument("--direct-bw", default=None, help="rates of the direct runs to target (default: the lowest of --bw)")
     ap.add_argument("--throughput-seeds", type=int, default=3,
                     help="throughput runs per compressor and rate, each a fresh launch (the report takes their median: "
-                         "at 4 ranks on 2 cores one launch's compute-bound steps differ from another's by up to 15 %%)")
+                         "on 2 shared cores one launch's compute-bound steps ran 10-45 %% apart from another's)")
     ap.add_argument("--iters", type=int, default=200,
-                    help="measured iterations of the throughput runs (not fewer: at 2 Mbit/s the bucket's 64 KB burst "
-                         "is a 262 ms head start, and 30 iterations' mean ran 3-10 %% fast; docs/benchmarks.md)")
+                    help="measured iterations of the throughput runs (not fewer: the bucket's head start weighs on a short "
+                         "run; with schema 5's 64 KB bucket, 30 iterations' mean ran 3-10 %% fast at 2 Mbit/s)")
     ap.add_argument("--model", default="cnn")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.05)

@@ -40,9 +40,9 @@ HEAD_START_SHARE = 0.05  # warn when the token bucket's head start could be this
 def head_start_note(row: dict[str, Any]) -> str | None:
     """A one-line warning when the link's token bucket could have carried a large share of the measured steps'
     traffic unshaped, else None. A full bucket of `burst_bytes` lets a flow run ahead of the rate by
-    burst x 8 / rate seconds (64 KB at 2 Mbit/s: 262 ms); the warm-up drains only part of it, so a short measurement
-    at a low rate has fast first steps and a mean that is too low (PowerSGD, 2 hosts, 2 Mbit/s: 28.0-28.4 ms over
-    30 iterations, 30.9 ms over 200; p5 15-17 ms against 28.6). The figure is a bound: the bias measured is about a
+    burst x 8 / rate seconds (results schema 5's 64 KB at 2 Mbit/s: 262 ms; the default now: 12 ms); the warm-up
+    drains only part of it, so a short measurement at a low rate has fast first steps and a mean that is too low
+    (64 KB, PowerSGD, 2 hosts, 2 Mbit/s: 28.0-28.4 ms over 30 iterations, 30.9 ms over 200; p5 15-17 ms against 28.6). The figure is a bound: the bias measured is about a
     third of it. A straggler link (--host-bw, its bucket the default for its rate) counts when its head start is the
     longer one."""
     rate, burst, wall, iters = (_num(row, k) for k in ("rate_bps", "burst_bytes", "wall_measured_s", "iters"))
