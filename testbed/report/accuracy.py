@@ -9,9 +9,9 @@ tests/integration/test_time_to_accuracy.py checks it), so a sweep measures conve
 where the iteration time is the mean measured by a throughput sweep on the same model, batch, workers and data
 (rows without a target; "measured"; with several runs at a rate, e.g. `--seeds 3`, the median of their means: on
 2 shared cores one launch's compute-bound steps ran 10-45 % apart from another's), else the performance model's
-prediction from a profile ("predicted"). Steps to target are the mean over the seeds that reached it; a compressor none of whose seeds reached it "never" does, at any
-rate. Rows with a target at a shaped rate are direct runs: their training time to target is the check of the
-composition (`composition_errors`, which composes with the direct run's own seed's steps).
+prediction from a profile ("predicted"). Steps to target are the mean over the seeds that reached it; a compressor
+none of whose seeds reached it "never" does, at any rate. Rows with a target at a shaped rate are direct runs: their
+training time to target is the check of the composition (`composition_errors`, which composes with the direct run's own seed's steps).
 
 Pure pandas (no torch): the report imports it; the figure is drawn with matplotlib like the others.
 """
