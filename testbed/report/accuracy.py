@@ -11,7 +11,8 @@ where the iteration time is the mean measured by a throughput sweep on the same 
 2 shared cores one launch's compute-bound steps ran 10-45 % apart from another's), else the performance model's
 prediction from a profile ("predicted"). Steps to target are the mean over the seeds that reached it; a compressor
 none of whose seeds reached it "never" does, at any rate. Rows with a target at a shaped rate are direct runs: their
-training time to target is the check of the composition (`composition_errors`, which composes with the direct run's own seed's steps).
+training time to target is the check of the composition (`composition_errors`, which composes with the direct
+run's own seed's steps).
 
 Pure pandas (no torch): the report imports it; the figure is drawn with matplotlib like the others.
 """
