@@ -61,6 +61,9 @@ def test_warnings_name_the_ceiling_and_its_source():
 def test_ifb_leaf_is_a_bandwidth_delay_product():
     assert highrate.leaf_limit_bytes(100 * 10**9, 12_500_000) == 62_500_000  # 5 ms at 100G
     assert highrate.leaf_limit_bytes(10 * 10**6, 65_536) == 131_072  # never below two buckets
+    assert highrate.leaf_limit_bytes(10 * 10**6, 1_000_000) == 2_000_000
+    # nor two GRO-merged 64 KB packets: the default bucket at 50 Mbit/s is 6.25 KB, and a 12.5 KB leaf dropped them
+    assert highrate.leaf_limit_bytes(50 * 10**6, 6_250) == 131_072
 
 
 def test_cli_offload_dry_run_and_refusals(capsys):
