@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shaping.plan import default_burst_bytes, ideal_goodput_bps
+from shaping.plan import LinkShape, ideal_goodput_bps
 from testbed.errors import InputError, ProbeError
 
 DEFAULT_PORT = 5201
@@ -187,7 +187,7 @@ def probe_pair(
             retransmits=sum(int(e.get("sum_sent", {}).get("retransmits", 0)) for e in ends),
             processes=n_proc,
             iperf3_version=".".join(map(str, version)) if version else None,
-            burst_bytes=(burst_bytes or default_burst_bytes(requested_bps)) if requested_bps else None,
+            burst_bytes=LinkShape(requested_bps, burst_bytes).effective_burst_bytes if requested_bps else None,
         )
     finally:
         failed = []
