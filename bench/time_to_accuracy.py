@@ -6,7 +6,8 @@ hosts, 3 seeds, through the testbed's own CLI (the path users take):
   2. fixed budget: `sweep --bw none --max-steps B --eval-every B --seeds S` (accuracy after B steps, over seeds);
   3. throughput: `sweep --bw R1,R2,R3 --seeds T` on the same data, no evaluation (iteration time per rate: the median
      of T launches);
-  4. direct: `sweep --bw R1 --target-accuracy A` with seed 0 (training time to target, shaped; --direct-bw);
+  4. direct: `sweep --bw R1 --target-accuracy A --seeds K` (training time to target, shaped; --direct-bw,
+     --direct-seeds);
 then `testbed report` composes time to accuracy per rate (steps x iteration time) and this script prints Markdown
 tables: steps to target, final accuracy after the budget, time to accuracy at the three rates, the time-to-accuracy
 crossover beside the throughput crossover, and the composition's error against the direct runs.
@@ -53,7 +54,7 @@ def estimate_s(a: argparse.Namespace, hosts: list[int], comps: list[str], rates:
         conv = a.seeds * len(comps) * (a.max_steps * STEP_S[h] + a.max_steps / a.eval_every * EVAL_S[h] + START_S)
         budget = a.seeds * len(comps) * (a.budget * STEP_S[h] + EVAL_S[h] + START_S)
         thr = a.throughput_seeds * len(rates) * len(comps) * ((a.iters + 5) * STEP_S[h] * 3 + START_S)  # low rates x3
-        direct = len(a.direct_bw.split(",")) * len(comps) * (a.max_steps * STEP_S[h] * 3 + a.max_steps / a.eval_every * EVAL_S[h]
+        direct = a.direct_seeds * len(a.direct_bw.split(",")) * len(comps) * (a.max_steps * STEP_S[h] * 3 + a.max_steps / a.eval_every * EVAL_S[h]
                                              + START_S)  # fmt: skip
         total += conv + budget + thr + direct
     return total
@@ -72,6 +73,10 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--budget", type=int, default=500, help="steps of the fixed-budget runs")
     ap.add_argument("--direct-bw", default=None, help="rates of the direct runs to target (default: the lowest of --bw)")
+    ap.add_argument("--direct-seeds", type=int, default=3,
+                    help="direct runs to target per compressor and rate, seeds 0..K-1, each a fresh launch checked against "
+                         "its own seed's composition (the report's summary takes their median error: one launch's compute "
+                         "can run 10-45 %% apart from another's on 2 shared cores)")
     ap.add_argument("--throughput-seeds", type=int, default=3,
                     help="throughput runs per compressor and rate, each a fresh launch (the report takes their median: "
                          "on 2 shared cores one launch's compute-bound steps ran 10-45 %% apart from another's)")
@@ -85,7 +90,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.quick:
         a.hosts, a.compressors, a.bw, a.seeds = "2", "syncsgd,powersgd", "10mbit,100mbit,1gbit", 1
-        a.target, a.max_steps, a.eval_every, a.budget, a.iters = 0.3, 100, 50, 50, 10
+        a.target, a.max_steps, a.eval_every, a.budget, a.iters, a.direct_seeds = 0.3, 100, 50, 50, 10, 1
     hosts = [int(h) for h in a.hosts.split(",")]
     comps = a.compressors.split(",")
     rates = a.bw.split(",")
@@ -108,7 +113,7 @@ def main() -> int:
             cli("sweep", *common, "--bw", "none", "--max-steps", str(a.budget), "--eval-every", str(a.budget),
                 "--seeds", str(a.seeds))  # fmt: skip
             cli("sweep", *common, "--bw", a.bw, "--iters", str(a.iters), "--seeds", str(a.throughput_seeds))
-            cli("sweep", *common, "--bw", a.direct_bw, *target)
+            cli("sweep", *common, "--bw", a.direct_bw, *target, "--seeds", str(a.direct_seeds))
         finally:
             cli("down", "--name", name)
     elapsed = time.monotonic() - t0
