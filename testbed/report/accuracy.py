@@ -12,7 +12,7 @@ where the iteration time is the mean measured by a throughput sweep on the same 
 prediction from a profile ("predicted"). Steps to target are the mean over the seeds that reached it; a compressor
 none of whose seeds reached it "never" does, at any rate. Rows with a target at a shaped rate are direct runs: their
 training time to target is the check of the composition (`composition_errors`, which composes with the direct
-run's own seed's steps).
+run's own seed's steps; `composition_summary`: their median over several direct launches).
 
 Pure pandas (no torch): the report imports it; the figure is drawn with matplotlib like the others.
 """
@@ -199,6 +199,24 @@ def composition_errors(tta: pd.DataFrame, conv: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def composition_summary(errors: pd.DataFrame) -> pd.DataFrame:
+    """Per group, compressor and rate: the direct runs' median composition error, their range, and how far apart
+    the launches' own time per step lay (`launch_spread_pct`: slowest over fastest direct run's training time per
+    step, minus 1). On shared cores one launch's compute can run 10-45 % apart from another's for its whole length,
+    so one direct run measures that spread as much as the composition; the median over several launches (the bench's
+    --direct-seeds) is the figure to judge it by, and the spread says how much one launch alone could be off."""
+    if errors.empty:
+        return pd.DataFrame()
+    out = []
+    for (model, ws, comp, bw), g in errors.groupby(["model", "world_size", "compressor", "bandwidth"], sort=False):
+        per_step = g["direct_s"] / g["direct_steps"]
+        out.append({"model": model, "world_size": int(ws), "compressor": comp, "bandwidth": bw, "launches": len(g),
+                    "median_error_pct": float(g["error_pct"].median()), "min_error_pct": float(g["error_pct"].min()),
+                    "max_error_pct": float(g["error_pct"].max()),
+                    "launch_spread_pct": float((per_step.max() / per_step.min() - 1) * 100)})  # fmt: skip
+    return pd.DataFrame(out)
+
+
 def plot_accuracy_vs_time(conv: pd.DataFrame, tta: pd.DataFrame, key: tuple, rate_bps: int, path: Path) -> Path | None:
     """Test accuracy against training wall-clock time at `rate_bps`, one line per compressor (seed 0's curve, its
     steps times the iteration time at that rate)."""
@@ -253,7 +271,9 @@ def markdown_section(tta: pd.DataFrame, cx: pd.DataFrame, final: pd.DataFrame, e
     if not final.empty:
         parts += ["### Accuracy after a fixed budget (mean and spread over seeds)", "", md_table(final), ""]
     if not errors.empty:
-        parts += ["### Composition against direct shaped runs to target", "", md_table(errors), ""]
+        parts += ["### Composition against direct shaped runs to target", "", md_table(errors), "",
+                  "Per compressor and rate, over the direct runs (each a fresh launch; `launch_spread_pct`: how far "
+                  "apart the launches' own time per step lay):", "", md_table(composition_summary(errors)), ""]
     return "\n".join(parts)
 
 
@@ -291,4 +311,4 @@ def report_section(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.
     return {"headline": head, "notes": notes, "figures": figures,
             "markdown": markdown_section(tta, cx, final, errors, head),
             "tables": {"time_to_accuracy": tta, "tta_crossovers": cx, "final_accuracy": final,
-                       "tta_composition_errors": errors}}  # fmt: skip
+                       "tta_composition_errors": errors, "tta_composition_summary": composition_summary(errors)}}  # fmt: skip

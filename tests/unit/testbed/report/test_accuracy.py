@@ -14,7 +14,14 @@ from runners import catalog, datafiles
 from runners.data import DataSource, ShardedBatches, Split
 from testbed.config import Trial
 from testbed.errors import InputError
-from testbed.report.accuracy import compose, composition_errors, crossovers, final_accuracy, headline
+from testbed.report.accuracy import (
+    compose,
+    composition_errors,
+    composition_summary,
+    crossovers,
+    final_accuracy,
+    headline,
+)
 from testbed.report.analysis import ModelSettings
 
 
@@ -107,6 +114,19 @@ def test_composition_crossovers_never_and_the_headline():
     assert err["composed_steps"] == 150 and err["steps_from"] == "mean over 2 seeds" and err["composed_s"] == 75.0
     final = final_accuracy(conv).set_index("compressor")
     assert final.loc["powersgd", "accuracy_mean"] == 0.8 and final.loc["powersgd", "budget_steps"] == 100
+
+
+def test_composition_summary_takes_the_median_over_direct_launches_and_states_their_spread():
+    """Three direct launches of one compressor at one rate: the summary's error is their median (one launch's
+    compute can run tens of percent apart from another's), and the spread of their own time per step is stated."""
+    errors = pd.DataFrame([{"model": "cnn", "world_size": 2, "compressor": "topk", "bandwidth": "2mbit", "seed": s,
+                            "direct_steps": steps, "direct_s": d, "error_pct": e}
+                           for s, steps, d, e in ((0, 100, 10.0, 30.0), (1, 200, 24.0, -2.0), (2, 100, 11.0, 5.0))])  # fmt: skip
+    row = composition_summary(errors).iloc[0]
+    assert row["launches"] == 3 and row["median_error_pct"] == 5.0
+    assert (row["min_error_pct"], row["max_error_pct"]) == (-2.0, 30.0)
+    assert row["launch_spread_pct"] == pytest.approx((0.12 / 0.10 - 1) * 100)  # 120 ms against 100 ms per step
+    assert composition_summary(pd.DataFrame()).empty
 
 
 def test_cifar10_and_imagefolder_layouts_load_with_their_shapes(tmp_path):
