@@ -167,40 +167,52 @@ def _same_group(df: pd.DataFrame, row: pd.Series, variant_column: str) -> pd.Dat
 
 
 def composition_errors(tta: pd.DataFrame, conv: pd.DataFrame) -> pd.DataFrame:
-    """Direct shaped runs to target against the composition at their rate (same group and compressor). The composition
-    checked is the direct run's own seed's: that seed's unshaped steps to target x the iteration time at the rate
-    (the claim under test is that the rate changes the time per step, not the steps); the mean over seeds, which
-    the time-to-accuracy table uses, would add the seeds' spread in steps to the error. Without an unshaped run of
-    that seed, the mean is used and `steps_from` says so."""
+    """Direct shaped runs (a target, a rate) against the composition at their rate (same group and compressor).
+
+    A run that reached the target checks the whole claim (`checks` "time to target"): its own seed's unshaped steps
+    to target x the iteration time at the rate (the rate changes the time per step, not the steps); the mean over
+    seeds, which the time-to-accuracy table uses, would add the seeds' spread in steps to the error. Without an
+    unshaped run of that seed, the mean is used and `steps_from` says so. A run that stopped at --max-steps checks
+    the half that carries the error (`checks` "time per step"): the steps it ran x the iteration time against its
+    training time, so every direct launch, reached or not, says how far one launch's time per step lies from the
+    throughput runs' (`composition_summary` takes their median)."""
     out = []
-    direct = conv[(conv["rate_bps"] > 0) & conv["train_time_to_target_s"].notna()]
+    direct = conv[(conv["rate_bps"] > 0) & conv["target_accuracy"].notna() & conv["train_time_s"].notna()]
     unshaped = conv[(conv["rate_bps"] == 0) & conv["target_accuracy"].notna()]
     for _, d in direct.iterrows():
         m = _same_group(tta, d, "compressor")
         m = m[m["rate_bps"] == d["rate_bps"]]
         if m.empty:
             continue
-        seed_runs = _same_group(unshaped, d, "variant")
-        seed_runs = seed_runs[(seed_runs["seed"] == d["seed"]) & (seed_runs["target_accuracy"] == d["target_accuracy"])]
-        seed_runs = seed_runs["steps_to_target"].dropna()
-        if not seed_runs.empty:
-            steps, steps_from = float(seed_runs.iloc[0]), f"seed {int(d['seed'])}"
+        reached = pd.notna(d["train_time_to_target_s"])
+        if reached:
+            seed_runs = _same_group(unshaped, d, "variant")
+            seed_runs = seed_runs[(seed_runs["seed"] == d["seed"])
+                                  & (seed_runs["target_accuracy"] == d["target_accuracy"])]  # fmt: skip
+            seed_runs = seed_runs["steps_to_target"].dropna()
+            if not seed_runs.empty:
+                steps, steps_from = float(seed_runs.iloc[0]), f"seed {int(d['seed'])}"
+            else:
+                steps, steps_from = m["steps_to_target"].iloc[0], f"mean over {int(m['seeds_reached'].iloc[0])} seeds"
+            direct_steps, direct_s = int(d["steps_to_target"]), float(d["train_time_to_target_s"])
         else:
-            steps, steps_from = m["steps_to_target"].iloc[0], f"mean over {int(m['seeds_reached'].iloc[0])} seeds"
-        if steps is None or not math.isfinite(steps):
+            steps, steps_from = float(d["steps_run"]), "steps run (target not reached)"
+            direct_steps, direct_s = int(d["steps_run"]), float(d["train_time_s"])
+        if steps is None or not math.isfinite(steps) or direct_s <= 0:
             continue
         composed = steps * float(m["iter_time_s"].iloc[0])
         out.append({"model": d["model"], "world_size": int(d["world_size"]), "compressor": d["variant"],
                     "bandwidth": fmt_rate(d["rate_bps"]), "seed": int(d["seed"]),
-                    "direct_steps": int(d["steps_to_target"]), "composed_steps": steps, "steps_from": steps_from,
-                    "direct_s": float(d["train_time_to_target_s"]), "composed_s": composed,
-                    "source": m["source"].iloc[0],
-                    "error_pct": (composed - d["train_time_to_target_s"]) / d["train_time_to_target_s"] * 100})
+                    "checks": "time to target" if reached else "time per step",
+                    "direct_steps": direct_steps, "composed_steps": steps, "steps_from": steps_from,
+                    "direct_s": direct_s, "composed_s": composed, "source": m["source"].iloc[0],
+                    "error_pct": (composed - direct_s) / direct_s * 100})  # fmt: skip
     return pd.DataFrame(out)
 
 
 def composition_summary(errors: pd.DataFrame) -> pd.DataFrame:
-    """Per group, compressor and rate: the direct runs' median composition error, their range, and how far apart
+    """Per group, compressor and rate: the direct runs' median composition error (`to_target` of them checked the
+    time to target, the others the time per step: `composition_errors`), their range, and how far apart
     the launches' own time per step lay (`launch_spread_pct`: slowest over fastest direct run's training time per
     step, minus 1). On shared cores one launch's compute can run 10-45 % apart from another's for its whole length,
     so one direct run measures that spread as much as the composition; the median over several launches (the bench's
@@ -211,6 +223,7 @@ def composition_summary(errors: pd.DataFrame) -> pd.DataFrame:
     for (model, ws, comp, bw), g in errors.groupby(["model", "world_size", "compressor", "bandwidth"], sort=False):
         per_step = g["direct_s"] / g["direct_steps"]
         out.append({"model": model, "world_size": int(ws), "compressor": comp, "bandwidth": bw, "launches": len(g),
+                    "to_target": int((g["checks"] == "time to target").sum()),
                     "median_error_pct": float(g["error_pct"].median()), "min_error_pct": float(g["error_pct"].min()),
                     "max_error_pct": float(g["error_pct"].max()),
                     "launch_spread_pct": float((per_step.max() / per_step.min() - 1) * 100)})  # fmt: skip

@@ -89,7 +89,9 @@ def test_time_to_accuracy_on_fashion_mnist(make_cluster, testbed_cli, tmp_path):
     at = tta[(tta["rate_bps"] == 20_000_000) & (tta["compressor"] == "syncsgd")].iloc[0]
     assert at["source"] == "measured"
     assert at["tta_s"] == pytest.approx(conv["steps_to_target"] * thr["iter_time_s_mean"])
-    err = rep.tables["tta_composition_errors"].iloc[0]
+    errs = rep.tables["tta_composition_errors"]
+    err = errs[errs["compressor"] == "syncsgd"].iloc[0]
+    assert err["checks"] == "time to target"
     assert err["direct_steps"] == err["composed_steps"] == conv["steps_to_target"]
     assert err["direct_s"] == pytest.approx(direct["train_time_to_target_s"])
     print(f"composed {err['composed_s']:.2f} s vs direct {err['direct_s']:.2f} s: {err['error_pct']:+.1f} %")

@@ -72,12 +72,13 @@ def test_synthetic_trials_keep_their_ids_and_learning_settings_change_them():
         Trial("syncsgd", None, 2, model="bert-base", data="fashion-mnist")
 
 
-def _row(comp, rate, seed, *, steps=None, it=None, target=0.8, curve=None, direct_s=None):
+def _row(comp, rate, seed, *, steps=None, it=None, target=0.8, curve=None, direct_s=None, ran=None, train_s=None):
     conv = target is not None
     return {"model": "cnn", "batch_size": 32, "world_size": 2, "data": "fashion-mnist", "variant": comp,
             "compressor": comp, "rate_bps": rate, "seed": seed, "target_accuracy": target if conv else None,
             "eval_every": 50 if curve else None, "steps_to_target": steps, "iter_time_s_mean": it, "t_s": it,
-            "curve": json.dumps(curve) if curve else None, "train_time_to_target_s": direct_s}  # fmt: skip
+            "curve": json.dumps(curve) if curve else None, "train_time_to_target_s": direct_s,
+            "steps_run": ran or steps, "train_time_s": train_s or direct_s}  # fmt: skip
 
 
 def test_composition_crossovers_never_and_the_headline():
@@ -87,6 +88,7 @@ def test_composition_crossovers_never_and_the_headline():
         _row("powersgd", 0, 0, steps=300, curve=curve), _row("powersgd", 0, 1, steps=300, curve=curve),
         _row("signsgd", 0, 0, steps=None, curve=curve),
         _row("syncsgd", 10_000_000, 0, steps=100, curve=curve, direct_s=55.0),
+        _row("signsgd", 10_000_000, 0, steps=None, curve=curve, ran=400, train_s=36.0),  # stopped at --max-steps
     ])  # fmt: skip
     thr = pd.DataFrame([_row(c, r, 0, it=it, target=None) for c, r, it in (
         ("syncsgd", 10_000_000, 0.5), ("syncsgd", 1_000_000_000, 0.05),
@@ -106,10 +108,16 @@ def test_composition_crossovers_never_and_the_headline():
     text, n_tta, n_thr, m = headline(tta, "syncsgd")
     assert (n_tta, n_thr, m) == (1, 4, 4) and "won in 1 of 4" in text
     # the direct run (seed 0) is checked against seed 0's own steps x the iteration time, not the mean over seeds
-    err = composition_errors(tta, conv).iloc[0]
+    errs = composition_errors(tta, conv).set_index("compressor")
+    err = errs.loc["syncsgd"]
+    assert err["checks"] == "time to target"
     assert err["composed_steps"] == 100 and err["steps_from"] == "seed 0"
     assert err["composed_s"] == pytest.approx(50.0) and err["error_pct"] == pytest.approx((50 - 55) / 55 * 100)
     # without an unshaped run of its seed: the mean over the seeds that reached the target, said so
+    # a direct run that stopped at --max-steps checks the time per step: the 400 steps it ran x the iteration time
+    err = errs.loc["signsgd"]
+    assert (err["checks"], err["steps_from"]) == ("time per step", "steps run (target not reached)")
+    assert err["composed_s"] == pytest.approx(400 * 0.1) and err["error_pct"] == pytest.approx((40 - 36) / 36 * 100)
     err = composition_errors(tta, conv.assign(seed=conv["seed"].where(conv["rate_bps"] == 0, 7))).iloc[0]
     assert err["composed_steps"] == 150 and err["steps_from"] == "mean over 2 seeds" and err["composed_s"] == 75.0
     final = final_accuracy(conv).set_index("compressor")
@@ -120,10 +128,12 @@ def test_composition_summary_takes_the_median_over_direct_launches_and_states_th
     """Three direct launches of one compressor at one rate: the summary's error is their median (one launch's
     compute can run tens of percent apart from another's), and the spread of their own time per step is stated."""
     errors = pd.DataFrame([{"model": "cnn", "world_size": 2, "compressor": "topk", "bandwidth": "2mbit", "seed": s,
-                            "direct_steps": steps, "direct_s": d, "error_pct": e}
-                           for s, steps, d, e in ((0, 100, 10.0, 30.0), (1, 200, 24.0, -2.0), (2, 100, 11.0, 5.0))])  # fmt: skip
+                            "checks": c, "direct_steps": steps, "direct_s": d, "error_pct": e}
+                           for s, c, steps, d, e in ((0, "time to target", 100, 10.0, 30.0),
+                                                     (1, "time per step", 200, 24.0, -2.0),
+                                                     (2, "time to target", 100, 11.0, 5.0))])  # fmt: skip
     row = composition_summary(errors).iloc[0]
-    assert row["launches"] == 3 and row["median_error_pct"] == 5.0
+    assert (row["launches"], row["to_target"]) == (3, 2) and row["median_error_pct"] == 5.0
     assert (row["min_error_pct"], row["max_error_pct"]) == (-2.0, 30.0)
     assert row["launch_spread_pct"] == pytest.approx((0.12 / 0.10 - 1) * 100)  # 120 ms against 100 ms per step
     assert composition_summary(pd.DataFrame()).empty
