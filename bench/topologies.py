@@ -105,7 +105,9 @@ def main() -> int:
             m = meas["iter_time_s_p50"]
             err = (pred - m) / m
             errors.append(abs(err))
-            return f"| {shape} | {comp} | {m * 1e3:.0f} | {pred * 1e3:.0f} | {err:+.0%} | {link} |"
+            line = f"| {shape} | {comp} | {m * 1e3:.0f} | {pred * 1e3:.0f} | {err:+.0%} | {link} |"
+            print(line, file=sys.stderr, flush=True)  # as it comes: a long run stopped early keeps what it measured
+            return line
 
         head = "| shape | compressor | measured ms | predicted ms | error | bounding link |\n|---|---|---|---|---|---|"
         lines = [head]
