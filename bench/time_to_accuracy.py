@@ -157,6 +157,9 @@ def print_tables(a: argparse.Namespace, elapsed_s: float) -> None:
         print(f"median over launches: |error| at most {worst.max():.1f} % (median {worst.median():.1f} %), "
               f"{int((worst <= 10).sum())} of {len(summ)} points within 10 % (issue 33 asks for <= 10 %); "
               f"the launches' own time per step lay up to {summ['launch_spread_pct'].max():.0f} % apart")  # fmt: skip
+        resolved = (summ["launch_spread_pct"] <= 10) & (summ["throughput_spread_pct"].fillna(0) <= 10)
+        print(f"where the direct and the throughput launches each agree within 10 %: {int((worst[resolved] <= 10).sum())} "
+              f"of {int(resolved.sum())} points within 10 %")  # fmt: skip
     print("\n### Steps right after an evaluation (direct runs)\n\n" + md_table(after_evaluation(Path(a.out))))
 
 

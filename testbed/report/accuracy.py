@@ -32,8 +32,8 @@ from testbed.report.analysis import ModelSettings, fmt_rate, measured_crossover,
 
 KEYS = ["model", "batch_size", "world_size", "data"]  # a convergence run and the throughput runs it composes with
 TTA_COLUMNS = ["model", "batch_size", "world_size", "data", "compressor", "target_accuracy", "seeds", "seeds_reached",
-               "steps_to_target", "rate_bps", "bandwidth", "iter_time_s", "source", "tta_s", "tta_speedup",
-               "throughput_speedup"]  # fmt: skip
+               "steps_to_target", "rate_bps", "bandwidth", "iter_time_s", "iter_time_spread_pct", "source", "tta_s",
+               "tta_speedup", "throughput_speedup"]  # fmt: skip
 
 
 def split_convergence(ok: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -50,6 +50,12 @@ def split_convergence(ok: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _mean_iter_s(g: pd.DataFrame) -> float:
     return float(g["iter_time_s_mean"].fillna(g["t_s"]).median())
+
+
+def _spread_pct(g: pd.DataFrame) -> float:
+    """How far apart the throughput launches' mean iteration times lay: slowest over fastest, minus 1 (0 for one)."""
+    means = g["iter_time_s_mean"].fillna(g["t_s"])
+    return float((means.max() / means.min() - 1) * 100)
 
 
 def compose(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings,
@@ -77,9 +83,9 @@ def compose(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.Profile
         prof = pm.pick_profile(profiles, model, int(bs), int(ws))
         for rate in rates:
             at = same[(same["variant"] == variant) & (same["rate_bps"] == rate)]
-            source, it = None, None
+            source, it, spread = None, None, None
             if not at.empty:
-                source, it = "measured", _mean_iter_s(at)
+                source, it, spread = "measured", _mean_iter_s(at), _spread_pct(at)
             elif prof is not None and rate > 0 and g["compressor"].iloc[0] in prof.compressor_names():
                 source = "predicted"
                 it = pm.predict_iteration(variant_profile(prof, variant), g["compressor"].iloc[0],
@@ -90,7 +96,8 @@ def compose(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.Profile
             rows.append({"model": model, "batch_size": int(bs), "world_size": int(ws), "data": data,
                          "compressor": variant, "target_accuracy": float(target), "seeds": len(per_seed),
                          "seeds_reached": len(reached), "steps_to_target": steps, "rate_bps": rate,
-                         "bandwidth": fmt_rate(rate), "iter_time_s": it, "source": source,
+                         "bandwidth": fmt_rate(rate), "iter_time_s": it, "iter_time_spread_pct": spread,
+                         "source": source,
                          "tta_s": steps * it if steps is not None else math.inf})  # fmt: skip
     tta = pd.DataFrame(rows, columns=TTA_COLUMNS[:-2])
     if tta.empty:
@@ -206,6 +213,7 @@ def composition_errors(tta: pd.DataFrame, conv: pd.DataFrame) -> pd.DataFrame:
                     "checks": "time to target" if reached else "time per step",
                     "direct_steps": direct_steps, "composed_steps": steps, "steps_from": steps_from,
                     "direct_s": direct_s, "composed_s": composed, "source": m["source"].iloc[0],
+                    "throughput_spread_pct": m["iter_time_spread_pct"].iloc[0],
                     "error_pct": (composed - direct_s) / direct_s * 100})  # fmt: skip
     return pd.DataFrame(out)
 
@@ -214,7 +222,7 @@ def composition_summary(errors: pd.DataFrame) -> pd.DataFrame:
     """Per group, compressor and rate: the direct runs' median composition error (`to_target` of them checked the
     time to target, the others the time per step: `composition_errors`), their range, and how far apart
     the launches' own time per step lay (`launch_spread_pct`: slowest over fastest direct run's training time per
-    step, minus 1). On shared cores one launch's compute can run 10-45 % apart from another's for its whole length,
+    step, minus 1; `throughput_spread_pct`: the same for the throughput launches the composition took the median of). On shared cores one launch's compute can run 10-45 % apart from another's for its whole length,
     so one direct run measures that spread as much as the composition; the median over several launches (the bench's
     --direct-seeds) is the figure to judge it by, and the spread says how much one launch alone could be off."""
     if errors.empty:
@@ -226,7 +234,8 @@ def composition_summary(errors: pd.DataFrame) -> pd.DataFrame:
                     "to_target": int((g["checks"] == "time to target").sum()),
                     "median_error_pct": float(g["error_pct"].median()), "min_error_pct": float(g["error_pct"].min()),
                     "max_error_pct": float(g["error_pct"].max()),
-                    "launch_spread_pct": float((per_step.max() / per_step.min() - 1) * 100)})  # fmt: skip
+                    "launch_spread_pct": float((per_step.max() / per_step.min() - 1) * 100),
+                    "throughput_spread_pct": g["throughput_spread_pct"].iloc[0]})  # fmt: skip
     return pd.DataFrame(out)
 
 

@@ -93,10 +93,13 @@ def test_composition_crossovers_never_and_the_headline():
     thr = pd.DataFrame([_row(c, r, 0, it=it, target=None) for c, r, it in (
         ("syncsgd", 10_000_000, 0.5), ("syncsgd", 1_000_000_000, 0.05),
         ("powersgd", 10_000_000, 0.1), ("powersgd", 1_000_000_000, 0.04),
-        ("signsgd", 10_000_000, 0.1), ("signsgd", 1_000_000_000, 0.04))])  # fmt: skip
+        ("signsgd", 10_000_000, 0.1), ("signsgd", 1_000_000_000, 0.04),
+        ("syncsgd", 10_000_000, 0.6), ("syncsgd", 10_000_000, 0.4))])  # fmt: skip (three sync SGD launches at 10M)
     tta, notes = compose(thr, conv, (), ModelSettings(), "syncsgd")
     at = tta.set_index(["compressor", "rate_bps"])
-    assert at.loc[("syncsgd", 10_000_000), "tta_s"] == pytest.approx(150 * 0.5)  # mean over seeds x iteration time
+    assert at.loc[("syncsgd", 10_000_000), "tta_s"] == pytest.approx(150 * 0.5)  # mean over seeds x median launch
+    assert at.loc[("syncsgd", 10_000_000), "iter_time_spread_pct"] == pytest.approx(50.0)  # 0.6 s against 0.4 s
+    assert at.loc[("powersgd", 10_000_000), "iter_time_spread_pct"] == 0.0
     assert at.loc[("powersgd", 10_000_000), "tta_s"] == pytest.approx(300 * 0.1)
     assert at.loc[("powersgd", 1_000_000_000), "tta_speedup"] == pytest.approx(150 * 0.05 / (300 * 0.04))
     assert math.isinf(at.loc[("signsgd", 10_000_000), "tta_s"]) and (at["source"] == "measured").all()
@@ -128,7 +131,8 @@ def test_composition_summary_takes_the_median_over_direct_launches_and_states_th
     """Three direct launches of one compressor at one rate: the summary's error is their median (one launch's
     compute can run tens of percent apart from another's), and the spread of their own time per step is stated."""
     errors = pd.DataFrame([{"model": "cnn", "world_size": 2, "compressor": "topk", "bandwidth": "2mbit", "seed": s,
-                            "checks": c, "direct_steps": steps, "direct_s": d, "error_pct": e}
+                            "checks": c, "direct_steps": steps, "direct_s": d, "error_pct": e,
+                            "throughput_spread_pct": 18.0}
                            for s, c, steps, d, e in ((0, "time to target", 100, 10.0, 30.0),
                                                      (1, "time per step", 200, 24.0, -2.0),
                                                      (2, "time to target", 100, 11.0, 5.0))])  # fmt: skip
@@ -136,6 +140,7 @@ def test_composition_summary_takes_the_median_over_direct_launches_and_states_th
     assert (row["launches"], row["to_target"]) == (3, 2) and row["median_error_pct"] == 5.0
     assert (row["min_error_pct"], row["max_error_pct"]) == (-2.0, 30.0)
     assert row["launch_spread_pct"] == pytest.approx((0.12 / 0.10 - 1) * 100)  # 120 ms against 100 ms per step
+    assert row["throughput_spread_pct"] == 18.0  # the composition's own launches, carried beside
     assert composition_summary(pd.DataFrame()).empty
 
 
