@@ -222,9 +222,10 @@ def composition_summary(errors: pd.DataFrame) -> pd.DataFrame:
     """Per group, compressor and rate: the direct runs' median composition error (`to_target` of them checked the
     time to target, the others the time per step: `composition_errors`), their range, and how far apart
     the launches' own time per step lay (`launch_spread_pct`: slowest over fastest direct run's training time per
-    step, minus 1; `throughput_spread_pct`: the same for the throughput launches the composition took the median of). On shared cores one launch's compute can run 10-45 % apart from another's for its whole length,
-    so one direct run measures that spread as much as the composition; the median over several launches (the bench's
-    --direct-seeds) is the figure to judge it by, and the spread says how much one launch alone could be off."""
+    step, minus 1; `throughput_spread_pct`: the same for the throughput launches whose median the composition took).
+    On shared cores one launch's compute can run 10-45 % apart from another's for its whole length, so one direct
+    run measures that spread as much as the composition; the median over several launches (the bench's
+    --direct-seeds) is the figure to judge it by, and the two spreads say how far one launch alone could be off."""
     if errors.empty:
         return pd.DataFrame()
     out = []
@@ -279,7 +280,7 @@ def plot_accuracy_vs_time(conv: pd.DataFrame, tta: pd.DataFrame, key: tuple, rat
 
 
 def markdown_section(tta: pd.DataFrame, cx: pd.DataFrame, final: pd.DataFrame, errors: pd.DataFrame,
-                     head: str) -> str:  # fmt: skip
+                     errors_summary: pd.DataFrame, head: str) -> str:  # fmt: skip
     from testbed.report.render import md_table
 
     parts = ["", "## Time to accuracy", "", head, "",
@@ -294,8 +295,9 @@ def markdown_section(tta: pd.DataFrame, cx: pd.DataFrame, final: pd.DataFrame, e
         parts += ["### Accuracy after a fixed budget (mean and spread over seeds)", "", md_table(final), ""]
     if not errors.empty:
         parts += ["### Composition against direct shaped runs to target", "", md_table(errors), "",
-                  "Per compressor and rate, over the direct runs (each a fresh launch; `launch_spread_pct`: how far "
-                  "apart the launches' own time per step lay):", "", md_table(composition_summary(errors)), ""]
+                  "Per compressor and rate, over the direct runs (each a fresh launch; `launch_spread_pct` and "
+                  "`throughput_spread_pct`: how far apart the direct and the throughput launches' own time per step "
+                  "lay):", "", md_table(errors_summary), ""]  # fmt: skip
     return "\n".join(parts)
 
 
@@ -318,6 +320,7 @@ def report_section(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.
     cx = crossovers(tta, baseline) if not tta.empty else pd.DataFrame()
     final = final_accuracy(conv)
     errors = composition_errors(tta, conv) if not tta.empty else pd.DataFrame()
+    errors_summary = composition_summary(errors)
     head = headline(tta, baseline)[0] if not tta.empty else ""
     tta.to_csv(out / "time_to_accuracy.csv", index=False)
     cx.to_csv(out / "tta_crossovers.csv", index=False)
@@ -331,6 +334,6 @@ def report_section(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.
             figures.append((f"{key[0]} bs{int(key[1])}, {int(key[2])} workers, {key[3]}: test accuracy vs training "
                             f"time at {fmt_rate(rate)}", p))  # fmt: skip
     return {"headline": head, "notes": notes, "figures": figures,
-            "markdown": markdown_section(tta, cx, final, errors, head),
+            "markdown": markdown_section(tta, cx, final, errors, errors_summary, head),
             "tables": {"time_to_accuracy": tta, "tta_crossovers": cx, "final_accuracy": final,
-                       "tta_composition_errors": errors, "tta_composition_summary": composition_summary(errors)}}  # fmt: skip
+                       "tta_composition_errors": errors, "tta_composition_summary": errors_summary}}  # fmt: skip
