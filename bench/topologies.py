@@ -55,8 +55,8 @@ def up(hosts: int, bw: str, *flags: str) -> None:
 def run(args, out: Path, comp: str, *flags: str) -> dict:
     argv = ["run", "--name", NAME, "--bw", args.bw, "--compressor", comp, "--model", args.model, "--iters",
             str(args.iters), "--warmup-iters", str(args.warmup), "--no-probe", "--out", str(out), "--json", "--rerun",
-            *flags]  # fmt: skip
-    done = cli(*argv)
+            "--timeout", str(args.trial_timeout), *flags]  # fmt: skip
+    done = cli(*argv, timeout_s=args.trial_timeout + 300)
     if done.returncode not in (0, 1):
         sys.exit(f"testbed {' '.join(argv)}: {done.stderr.strip()}")
     return json.loads(done.stdout)["row"]
@@ -85,6 +85,9 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--compressors", default=",".join(COMPRESSORS))
+    p.add_argument("--trial-timeout", type=int, default=3600,
+                   help="seconds per trial (run --timeout; default 3600): sync SGD of ResNet-18 with a straggler at "
+                        "10 Mbit/s steps about a minute, and `run`'s own default of 600 s stopped it (2026-12-04)")
     p.add_argument("--smoke", action="store_true", help="one point per shape (1/10, 1:4, 1 flow)")
     args = p.parse_args()
     comps = args.compressors.split(",")
