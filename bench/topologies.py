@@ -64,8 +64,8 @@ def run(args, out: Path, comp: str, *flags: str) -> dict:
 
 def coll_s(comp: str, payload: float, n: int, rate: float, latency_s: float = 0.0) -> float:
     entry = catalog.compressor(comp)
-    if entry.collective == "allgather":  # the row counts all workers' share
-        return pm.allgather_time_s(payload / n, n, rate, latency_s, rounds=entry.rounds)
+    if entry.collective == "allgather":  # the row's payload is this rank's share (docs/results-format.md)
+        return pm.allgather_time_s(payload, n, rate, latency_s, rounds=entry.rounds)
     return pm.allreduce_time_s(payload, n, rate, latency_s, rounds=entry.rounds)
 
 
@@ -107,7 +107,8 @@ def main() -> int:
             pred, link = predict(flat[comp], comp, n, flat_bps, lay)
             m = meas["iter_time_s_p50"]
             err = (pred - m) / m
-            errors.append(abs(err))
+            if shape != "flat":  # the flat trial is the prediction's own base: its error is 0 by construction
+                errors.append(abs(err))
             line = f"| {shape} | {comp} | {m * 1e3:.0f} | {pred * 1e3:.0f} | {err:+.0%} | {link} |"
             print(line, file=sys.stderr, flush=True)  # as it comes: a long run stopped early keeps what it measured
             return line
