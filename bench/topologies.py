@@ -134,8 +134,8 @@ def main() -> int:
         for ratio in oversubs:
             uplink = (n // 2) * flat_bps // ratio
             up(n, args.bw, "--racks", "2", "--uplink", f"{uplink}bit")
-            for c in comps:
-                meas = run(args, out, c)
+            for c in comps:  # a store per ratio: a rack trial has the flat trial's id (racks are the cluster's)
+                meas = run(args, out / f"racks-1to{ratio}", c)
                 lay = trial_shape.layout(hosts, flat_bps, {}, rack_of=[i * 2 // n for i in range(n)], uplink_bps=uplink)
                 lines.append(row(f"2 racks 1:{ratio}", c, meas, lay))
         tables.append("\n".join(lines))

@@ -48,13 +48,18 @@ def split_convergence(ok: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return (ok[~conv] if (~conv).any() else ok), ok[conv]
 
 
+def _launch_means_s(g: pd.DataFrame) -> pd.Series:
+    """Each throughput launch's mean iteration time (the row's `t_s` where the mean is missing)."""
+    return g["iter_time_s_mean"].fillna(g["t_s"])
+
+
 def _mean_iter_s(g: pd.DataFrame) -> float:
-    return float(g["iter_time_s_mean"].fillna(g["t_s"]).median())
+    return float(_launch_means_s(g).median())
 
 
 def _spread_pct(g: pd.DataFrame) -> float:
     """How far apart the throughput launches' mean iteration times lay: slowest over fastest, minus 1 (0 for one)."""
-    means = g["iter_time_s_mean"].fillna(g["t_s"])
+    means = _launch_means_s(g)
     return float((means.max() / means.min() - 1) * 100)
 
 
