@@ -13,9 +13,12 @@ loaded_rtt_s: the standing queue the flows keep):
 
     t_pred(shape) = t_meas(flat) + T_coll(payload, n, B_bottleneck, q) - T_coll(payload, n, B_flat, 0)
 
-(T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds). Prints one Markdown table per
-shape (measured, predicted, error, bounding link) and the median and worst absolute error. Needs root; uses its own
-cluster name and removes it.
+(T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds, at the efficiency `testbed
+calibrate` measured on the flat cluster at that rate: before the trials the bench calibrates every link at each rate
+a bottleneck will have, since a collective gets a smaller fraction of a slow link than of a fast one, 0.74 of
+10 Mbit/s and more of 100 Mbit/s, and a ring with one slow link gets what a flat ring at that rate gets; measured
+2026-12-04, docs/topologies.md). Prints one Markdown table per shape (measured, predicted, error, bounding link) and
+the median and worst absolute error. Needs root; uses its own cluster name and removes it.
 """
 
 from __future__ import annotations
@@ -62,18 +65,30 @@ def run(args, out: Path, comp: str, *flags: str) -> dict:
     return json.loads(done.stdout)["row"]
 
 
-def coll_s(comp: str, payload: float, n: int, rate: float, latency_s: float = 0.0) -> float:
+def calibrate(rates_bps: list[float], profiles: Path, timeout_s: int):
+    """Calibrate the flat cluster at each rate (every link shaped at it) and return the terms interpolated by rate."""
+    bws = ",".join(f"{int(r)}bit" for r in sorted(rates_bps))
+    done = cli("calibrate", "--name", NAME, "--bw", bws, "--sizes", "256kb,1mb,4mb", "--reps", "3", "--out",
+               str(profiles), timeout_s=timeout_s)  # fmt: skip
+    if done.returncode:
+        sys.exit(f"testbed calibrate --bw {bws} failed: {done.stderr.strip()}")
+    calibrations = pm.find_calibrations(profiles)
+    return pm.terms_for(calibrations, len(calibrations) and calibrations[0].world_size)
+
+
+def coll_s(comp: str, payload: float, terms, n: int, rate: float, queue_delay_s: float = 0.0) -> float:
+    """The compressor's collective at `rate` with the calibrated terms there (without the compute-contention term,
+    which the flat trial already carries; the row's payload of an all-gather is this rank's share)."""
     entry = catalog.compressor(comp)
-    if entry.collective == "allgather":  # the row's payload is this rank's share (docs/results-format.md)
-        return pm.allgather_time_s(payload, n, rate, latency_s, rounds=entry.rounds)
-    return pm.allreduce_time_s(payload, n, rate, latency_s, rounds=entry.rounds)
+    net = terms.network(n, rate, extra_latency_s=queue_delay_s)
+    return pm.collective_time_s(entry.collective, payload, entry.rounds, net, beside_compute_s=0.0)
 
 
-def predict(flat: dict, comp: str, n: int, flat_bps: float, lay: pm.Layout) -> tuple[float, str]:
+def predict(flat: dict, comp: str, terms, n: int, flat_bps: float, lay: pm.Layout) -> tuple[float, str]:
     b = pm.ring_bottleneck(lay)
     payload = flat["payload_bytes_per_iter"] or 0.0
     rate = b.rate_bps if b.bounded else flat_bps
-    extra = coll_s(comp, payload, n, rate, lay.queue_delay_s) - coll_s(comp, payload, n, flat_bps)
+    extra = coll_s(comp, payload, terms, n, rate, lay.queue_delay_s) - coll_s(comp, payload, terms, n, flat_bps)
     return flat["iter_time_s_p50"] + extra, b.link
 
 
@@ -97,14 +112,25 @@ def main() -> int:
     errors: list[float] = []
     tables: list[str] = []
     out = Path(tempfile.mkdtemp(prefix="benchtopo-"))
+    straggler_layouts = {f: trial_shape.layout(hosts, flat_bps, {"h1": flat_bps // f}) for f in stragglers}
+    cross_layouts = {k: trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k)) for k in crosses}
+    rack_layouts = {r: trial_shape.layout(hosts, flat_bps, {}, rack_of=[i * 2 // n for i in range(n)],
+                                          uplink_bps=(n // 2) * flat_bps // r) for r in oversubs}  # fmt: skip
+    rates = {flat_bps} | {b.rate_bps for lay in (*straggler_layouts.values(), *cross_layouts.values(),
+                                                 *rack_layouts.values())
+                          if (b := pm.ring_bottleneck(lay)).bounded and b.rate_bps < flat_bps}  # fmt: skip
     try:
         up(n, args.bw)
+        terms = calibrate(sorted(rates), out / "profiles", args.trial_timeout)
+        print(f"calibrated at {', '.join(format_rate(int(r)) for r in sorted(rates))}: {terms.describe()}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        up(n, args.bw)  # calibrate leaves the last rate on every link
         flat = {c: run(args, out, c) for c in comps}
 
         def row(shape: str, comp: str, meas: dict, lay: pm.Layout) -> str:
             if meas["status"] != "ok" or flat[comp]["status"] != "ok":
                 return f"| {shape} | {comp} | {meas['status']} | | | |"
-            pred, link = predict(flat[comp], comp, n, flat_bps, lay)
+            pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay)
             m = meas["iter_time_s_p50"]
             err = (pred - m) / m
             if shape != "flat":  # the flat trial is the prediction's own base: its error is 0 by construction
@@ -115,11 +141,10 @@ def main() -> int:
 
         head = "| shape | compressor | measured ms | predicted ms | error | bounding link |\n|---|---|---|---|---|---|"
         lines = [head]
-        for f in stragglers:
+        for f, lay in straggler_layouts.items():
             slow = flat_bps // f
             for c in comps:
                 meas = run(args, out, c, "--host-bw", f"h1={slow}bit")
-                lay = trial_shape.layout(hosts, flat_bps, {"h1": slow})
                 lines.append(row(f"h1 at 1/{f} ({format_rate(slow)})", c, meas, lay))
         for c in comps:
             lines.append(row("flat", c, flat[c], trial_shape.layout(hosts, flat_bps, {})))
@@ -131,12 +156,10 @@ def main() -> int:
                 lines.append(row(f"{k} cross flow{'s' * (k != 1)}", c, meas, lay))
         tables.append("\n".join(lines))
         lines = [head]
-        for ratio in oversubs:
-            uplink = (n // 2) * flat_bps // ratio
-            up(n, args.bw, "--racks", "2", "--uplink", f"{uplink}bit")
+        for ratio, lay in rack_layouts.items():
+            up(n, args.bw, "--racks", "2", "--uplink", f"{lay.uplink_bps}bit")
             for c in comps:  # a store per ratio: a rack trial has the flat trial's id (racks are the cluster's)
                 meas = run(args, out / f"racks-1to{ratio}", c)
-                lay = trial_shape.layout(hosts, flat_bps, {}, rack_of=[i * 2 // n for i in range(n)], uplink_bps=uplink)
                 lines.append(row(f"2 racks 1:{ratio}", c, meas, lay))
         tables.append("\n".join(lines))
     finally:
