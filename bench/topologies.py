@@ -4,14 +4,16 @@ cross traffic; sync SGD, PowerSGD, ACP-SGD, signSGD and Top-K.
 
     python bench/topologies.py                                # full (quiet machine): see docs/benchmarks.md
     python bench/topologies.py --smoke --model mlp            # one point per shape, tiny model (a few minutes)
+    python bench/topologies.py --out DIR                      # resumes: trials and calibrations stored in DIR reused
 
-The prediction per trial: the compressor's measured flat trial (every link at --bw, no cross traffic), plus the
-change of its collective's time when the ring's bottleneck (testbed.perfmodel.ring_bottleneck: the slowest host
-link, the spine's share per cross-rack step, the share cross traffic leaves) replaces the flat rate, and, with cross
-traffic, each ring step waits half the RTT the trial measured to the ring neighbour while the flows ran (its row's
-loaded_rtt_s: the standing queue the flows keep):
+The prediction per trial: the compressor's measured flat iteration time (every link at --bw, no cross traffic; the
+median of --flat-launches launches, seeds 0..K-1: one launch's compute speed can differ from the next one's by 20 %
+and more with 4 ranks on 2 cores), plus the change of its collective's time when the ring's bottleneck
+(testbed.perfmodel.ring_bottleneck: the slowest host link, the spine's share per cross-rack step, the share cross
+traffic leaves) replaces the flat rate, and, with cross traffic, each ring step waits half the RTT the trial measured
+to the ring neighbour while the flows ran (its row's loaded_rtt_s: the standing queue the flows keep):
 
-    t_pred(shape) = t_meas(flat) + T_coll(payload, n, B_bottleneck, q) - T_coll(payload, n, B_flat, 0)
+    t_pred(shape) = median t_meas(flat) + T_coll(payload, n, B_bottleneck, q) - T_coll(payload, n, B_flat, 0)
 
 (T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds, at the efficiency `testbed
 calibrate` measured on the flat cluster at that rate: before the trials the bench calibrates every link at each rate
@@ -35,6 +37,7 @@ import testbed.perfmodel as pm
 from runners import catalog
 from shaping.units import format_rate, parse_rate_bps
 from testbed import cross_traffic, trial_shape
+from testbed.results import ResultsStore
 
 NAME = "benchtopo"
 REPO = Path(__file__).resolve().parents[1]
@@ -56,24 +59,34 @@ def up(hosts: int, bw: str, *flags: str) -> None:
 
 
 def run(args, out: Path, comp: str, *flags: str) -> dict:
+    """One trial's row: the one stored ok in `out` when there is one (a resumed bench), else a new measurement."""
     argv = ["run", "--name", NAME, "--bw", args.bw, "--compressor", comp, "--model", args.model, "--iters",
-            str(args.iters), "--warmup-iters", str(args.warmup), "--no-probe", "--out", str(out), "--json", "--rerun",
+            str(args.iters), "--warmup-iters", str(args.warmup), "--no-probe", "--out", str(out), "--json",
             "--timeout", str(args.trial_timeout), *flags]  # fmt: skip
+    plan = cli(*argv, "--dry-run")
+    if plan.returncode:
+        sys.exit(f"testbed {' '.join(argv)} --dry-run: {plan.stderr.strip()}")
+    stored = ResultsStore(out).find(json.loads(plan.stdout)["trial_id"]) if out.is_dir() else None
+    if stored is not None and stored["status"] == "ok":
+        return stored
     done = cli(*argv, timeout_s=args.trial_timeout + 300)
     if done.returncode not in (0, 1):
         sys.exit(f"testbed {' '.join(argv)}: {done.stderr.strip()}")
     return json.loads(done.stdout)["row"]
 
 
-def calibrate(rates_bps: list[float], profiles: Path, timeout_s: int):
-    """Calibrate the flat cluster at each rate (every link shaped at it) and return the terms interpolated by rate."""
-    bws = ",".join(f"{int(r)}bit" for r in sorted(rates_bps))
-    done = cli("calibrate", "--name", NAME, "--bw", bws, "--sizes", "256kb,1mb,4mb", "--reps", "3", "--out",
-               str(profiles), timeout_s=timeout_s)  # fmt: skip
-    if done.returncode:
-        sys.exit(f"testbed calibrate --bw {bws} failed: {done.stderr.strip()}")
-    calibrations = pm.find_calibrations(profiles)
-    return pm.terms_for(calibrations, len(calibrations) and calibrations[0].world_size)
+def calibrate(rates_bps: list[float], profiles: Path, n: int, timeout_s: int):
+    """Calibrate the flat cluster at each rate (every link shaped at it) that `profiles` has no calibration of for
+    n ranks, and return the terms interpolated by rate."""
+    have = {c.rate_bps for c in pm.find_calibrations(profiles) if c.world_size == n} if profiles.is_dir() else set()
+    missing = [r for r in sorted(rates_bps) if int(r) not in have]
+    if missing:
+        bws = ",".join(f"{int(r)}bit" for r in missing)
+        done = cli("calibrate", "--name", NAME, "--bw", bws, "--sizes", "256kb,1mb,4mb", "--reps", "3", "--out",
+                   str(profiles), timeout_s=timeout_s)  # fmt: skip
+        if done.returncode:
+            sys.exit(f"testbed calibrate --bw {bws} failed: {done.stderr.strip()}")
+    return pm.terms_for(pm.find_calibrations(profiles), n)
 
 
 def coll_s(comp: str, payload: float, terms, n: int, rate: float, queue_delay_s: float = 0.0) -> float:
@@ -84,12 +97,18 @@ def coll_s(comp: str, payload: float, terms, n: int, rate: float, queue_delay_s:
     return pm.collective_time_s(entry.collective, payload, entry.rounds, net, beside_compute_s=0.0)
 
 
-def predict(flat: dict, comp: str, terms, n: int, flat_bps: float, lay: pm.Layout) -> tuple[float, str]:
+def base_s(launches: list[dict]) -> float:
+    """The flat iteration time a prediction starts from: the median over the flat launches (a launch's compute speed
+    is fixed for its length and differs from the next one's on 2 shared cores)."""
+    return statistics.median(r["iter_time_s_p50"] for r in launches)
+
+
+def predict(launches: list[dict], comp: str, terms, n: int, flat_bps: float, lay: pm.Layout) -> tuple[float, str]:
     b = pm.ring_bottleneck(lay)
-    payload = flat["payload_bytes_per_iter"] or 0.0
+    payload = launches[0]["payload_bytes_per_iter"] or 0.0
     rate = b.rate_bps if b.bounded else flat_bps
     extra = coll_s(comp, payload, terms, n, rate, lay.queue_delay_s) - coll_s(comp, payload, terms, n, flat_bps)
-    return flat["iter_time_s_p50"] + extra, b.link
+    return base_s(launches) + extra, b.link
 
 
 def main() -> int:
@@ -104,14 +123,21 @@ def main() -> int:
                    help="seconds per trial (run --timeout; default 3600): sync SGD of ResNet-18 with a straggler at "
                         "10 Mbit/s steps about a minute, and `run`'s own default of 600 s stopped it (2026-12-04)")
     p.add_argument("--smoke", action="store_true", help="one point per shape (1/10, 1:4, 1 flow)")
+    p.add_argument("--flat-launches", type=int, default=3,
+                   help="flat trials per compressor (seeds 0..K-1), the median their base (default 3)")
+    p.add_argument("--out", type=Path,
+                   help="results and calibrations (default: a new temporary directory); trials and calibrations "
+                        "already stored there are reused, so a stopped or extended run resumes")  # fmt: skip
     args = p.parse_args()
+    if args.flat_launches < 1:
+        p.error(f"--flat-launches {args.flat_launches}: expected 1 or more")
     comps = args.compressors.split(",")
     n, flat_bps = args.hosts, parse_rate_bps(args.bw, "--bw")
     hosts = [f"h{i}" for i in range(n)]
     stragglers, oversubs, crosses = ((10,), (4,), (1,)) if args.smoke else (STRAGGLER, OVERSUB, CROSS[1:])
     errors: list[float] = []
     tables: list[str] = []
-    out = Path(tempfile.mkdtemp(prefix="benchtopo-"))
+    out = args.out or Path(tempfile.mkdtemp(prefix="benchtopo-"))
     straggler_layouts = {f: trial_shape.layout(hosts, flat_bps, {"h1": flat_bps // f}) for f in stragglers}
     cross_layouts = {k: trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k)) for k in crosses}
     rack_layouts = {r: trial_shape.layout(hosts, flat_bps, {}, rack_of=[i * 2 // n for i in range(n)],
@@ -121,20 +147,19 @@ def main() -> int:
                           if (b := pm.ring_bottleneck(lay)).bounded and b.rate_bps < flat_bps}  # fmt: skip
     try:
         up(n, args.bw)
-        terms = calibrate(sorted(rates), out / "profiles", args.trial_timeout)
+        terms = calibrate(sorted(rates), out / "profiles", n, args.trial_timeout)
         print(f"calibrated at {', '.join(format_rate(int(r)) for r in sorted(rates))}: {terms.describe()}",
               file=sys.stderr, flush=True)  # fmt: skip
         up(n, args.bw)  # calibrate leaves the last rate on every link
-        flat = {c: run(args, out, c) for c in comps}
+        flat = {c: [run(args, out, c, "--seed", str(k)) for k in range(args.flat_launches)] for c in comps}
 
         def row(shape: str, comp: str, meas: dict, lay: pm.Layout) -> str:
-            if meas["status"] != "ok" or flat[comp]["status"] != "ok":
-                return f"| {shape} | {comp} | {meas['status']} | | | |"
+            if meas["status"] != "ok" or any(r["status"] != "ok" for r in flat[comp]):
+                return f"| {shape} | {comp} | {meas['status']} (flat: {', '.join(r['status'] for r in flat[comp])}) | | | |"
             pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay)
             m = meas["iter_time_s_p50"]
             err = (pred - m) / m
-            if shape != "flat":  # the flat trial is the prediction's own base: its error is 0 by construction
-                errors.append(abs(err))
+            errors.append(abs(err))
             line = f"| {shape} | {comp} | {m * 1e3:.0f} | {pred * 1e3:.0f} | {err:+.0%} | {link} |"
             print(line, file=sys.stderr, flush=True)  # as it comes: a long run stopped early keeps what it measured
             return line
@@ -146,8 +171,12 @@ def main() -> int:
             for c in comps:
                 meas = run(args, out, c, "--host-bw", f"h1={slow}bit")
                 lines.append(row(f"h1 at 1/{f} ({format_rate(slow)})", c, meas, lay))
-        for c in comps:
-            lines.append(row("flat", c, flat[c], trial_shape.layout(hosts, flat_bps, {})))
+        for c in comps:  # the prediction's base, not a prediction: the launches and how far apart they ran
+            times = [r["iter_time_s_p50"] for r in flat[c] if r["status"] == "ok"]
+            spread = f"{max(times) / min(times) - 1:.0%} apart" if len(times) > 1 else ""
+            lines.append(f"| flat, {len(flat[c])} launch{'es' * (len(flat[c]) != 1)} | {c} | "
+                         f"{' / '.join(f'{t * 1e3:.0f}' for t in times)} | base {base_s(flat[c]) * 1e3:.0f} | "
+                         f"{spread} | every host link ({args.bw}) |")  # fmt: skip
         for k in crosses:
             for c in comps:
                 meas = run(args, out, c, "--cross-traffic", str(k))
