@@ -46,7 +46,7 @@ from testbed.report.analysis import (
 )
 from testbed.report.figures import plot_phases, plot_scaling, plot_time_vs_bandwidth, variant_colors
 from testbed.report.searches import load_searches, search_notes, searches_of
-from testbed.report.shapes import split_shapes, straggler_figures
+from testbed.report.shapes import split_shapes, straggler_figures, straggler_markdown, straggler_points
 from testbed.report.timeline import asked_trials, report_timelines
 
 __all__ = [
@@ -150,7 +150,8 @@ def build_report(
     # timelines (issue 35): each variant's trial with --timeline at its lowest rate, and the trials asked for
     tl_figures, tl_notes = report_timelines(ok, results_dir, out, tuple(timeline_trials))
     figures += tl_figures
-    figures += straggler_figures(ok, shaped, out)
+    stragglers = straggler_points(ok, shaped, profiles, s)
+    figures += straggler_figures(stragglers, out)
     notes += tl_notes
     if any(r["measured_bps"] for r in cx_rows) and (agg["trials"] < 2).all():
         notes.append(
@@ -217,6 +218,10 @@ def build_report(
     if tta["markdown"]:
         with open(out / "summary.md", "a") as f:
             f.write(tta["markdown"])
+    if not stragglers.empty:
+        stragglers.to_csv(out / "stragglers.csv", index=False)
+        with open(out / "summary.md", "a") as f:
+            f.write(straggler_markdown(stragglers))
     render.write_html(
         out / "report.html",
         headline=head,
@@ -238,7 +243,7 @@ def build_report(
         wins,
         configs,
         tuple(notes),
-        {"speedups": matrix, "errors": errors, "crossovers": crossovers, **tta["tables"]},
+        {"speedups": matrix, "errors": errors, "crossovers": crossovers, "stragglers": stragglers, **tta["tables"]},
     )
 
 
