@@ -468,6 +468,22 @@ def measured_verdict(
                              predicted_range=predicted_range, measured_range=bracket)  # fmt: skip
 
 
+def predicted_iteration(profiles: Sequence[pm.Profile], s: ModelSettings, model: str, batch_size, world_size,
+                        variant: str, compressor: str, bps: float, delay_s) -> tuple[pm.Prediction, pm.Profile] | None:
+    """The model's iteration for one configuration at `bps` (the closest profile of the model; None without one, or
+    when it lacks the compressor), and the profile it used."""
+    prof = pm.pick_profile(profiles, model, int(batch_size), int(world_size))
+    if prof is None or compressor not in prof.compressor_names():
+        return None
+    return pm.predict_iteration(
+        variant_profile(prof, variant),
+        compressor,
+        network(world_size, bps, delay_s, s),
+        hook_blocks_backward=s.hook_blocks_backward,
+        comm_rel_spread=s.terms(int(world_size)).comm_rel_spread,
+    ), prof
+
+
 def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings) -> pd.DataFrame:
     """Per configuration of `aggregate` (model, batch, workers, variant, rate): predicted vs measured iteration time,
     the measured one the median over the configuration's ok trials (repeats pooled, as the speedups are; unshaped
@@ -475,20 +491,15 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
     first."""
     rows = []
     for _, r in agg.iterrows():
-        prof = pm.pick_profile(profiles, r["model"], int(r["batch_size"]), int(r["world_size"]))
-        if prof is None or r["compressor"] not in prof.compressor_names():
-            continue
         bps = r["rate_bps"] if r["rate_bps"] > 0 else r.get("goodput_bps")
         if not bps or (isinstance(bps, float) and math.isnan(bps)):
             continue
+        predicted = predicted_iteration(profiles, s, r["model"], r["batch_size"], r["world_size"], r["variant"],
+                                        r["compressor"], bps, r["delay_s"])  # fmt: skip
+        if predicted is None:
+            continue
+        full, prof = predicted
         terms = s.terms(int(r["world_size"]))
-        full = pm.predict_iteration(
-            variant_profile(prof, r["variant"]),
-            r["compressor"],
-            network(r["world_size"], bps, r["delay_s"], s),
-            hook_blocks_backward=s.hook_blocks_backward,
-            comm_rel_spread=terms.comm_rel_spread,
-        )
         pred = full.iter_time_s
         rows.append(
             {

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from testbed import perfmodel as pm
-from testbed.report.analysis import ModelSettings, fmt_rate, network, variant_profile
+from testbed.report.analysis import ModelSettings, fmt_rate, predicted_iteration
 
 SHAPE_COLUMNS = ("host_rates", "cross_traffic", "racks")
 
@@ -65,13 +65,9 @@ def straggler_points(flat: pd.DataFrame, shaped: pd.DataFrame, profiles: Sequenc
     out = []
     for (model, bs, ws, rate, variant, slow), g in both.groupby([*cols, "variant", "min_host_rate_bps"]):
         measured = float(g["t_s"].median())
-        prof = pm.pick_profile(profiles, model, int(bs), int(ws))
-        comp = g["compressor"].iloc[0]
-        predicted = math.nan
-        if prof is not None and comp in prof.compressor_names():
-            net = network(int(ws), float(slow), g["delay_s"].median(), s)
-            predicted = pm.predict_iteration(variant_profile(prof, variant), comp, net,
-                                             hook_blocks_backward=s.hook_blocks_backward).iter_time_s  # fmt: skip
+        full = predicted_iteration(profiles, s, model, bs, ws, variant, g["compressor"].iloc[0], float(slow),
+                                   g["delay_s"].median())  # fmt: skip
+        predicted = full[0].iter_time_s if full else math.nan
         out.append({"model": model, "batch_size": int(bs), "world_size": int(ws), "rate_bps": rate,
                     "variant": variant, "straggler_bps": slow, "trials": len(g), "measured_ms": measured * 1e3,
                     "predicted_ms": predicted * 1e3, "error_pct": (predicted - measured) / measured * 100,
