@@ -17,10 +17,9 @@ to the ring neighbour while the flows ran (its row's loaded_rtt_s: the standing 
 
 (T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds, at the efficiency `testbed
 calibrate` measured on the flat cluster at that rate: before the trials the bench calibrates every link at each rate
-a bottleneck will have, since a collective gets a smaller fraction of a slow link than of a fast one, 0.74 of
-10 Mbit/s and more of 100 Mbit/s, and a ring with one slow link gets what a flat ring at that rate gets; measured
-2026-12-04, docs/topologies.md). Prints one Markdown table per shape (measured, predicted, error, bounding link) and
-the median and worst absolute error. Needs root; uses its own cluster name and removes it.
+a bottleneck will have: a collective gets 0.67-0.82 of a shaped link here, not all of it, and a ring with one slow
+link gets what a flat ring at that rate gets; measured 2026-12-04, docs/topologies.md). Prints one Markdown table
+per shape (measured, predicted, error, bounding link) and the median and worst absolute error. Needs root; uses its own cluster name and removes it.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ import testbed.perfmodel as pm
 from runners import catalog
 from shaping.units import format_rate, parse_rate_bps
 from testbed import cross_traffic, trial_shape
+from testbed.report.analysis import launch_spread_pct
 from testbed.results import ResultsStore
 
 NAME = "benchtopo"
@@ -173,7 +173,7 @@ def main() -> int:
                 lines.append(row(f"h1 at 1/{f} ({format_rate(slow)})", c, meas, lay))
         for c in comps:  # the prediction's base, not a prediction: the launches and how far apart they ran
             times = [r["iter_time_s_p50"] for r in flat[c] if r["status"] == "ok"]
-            spread = f"{max(times) / min(times) - 1:.0%} apart" if len(times) > 1 else ""
+            spread = f"{launch_spread_pct(times):.0f} % apart" if len(times) > 1 else ""
             lines.append(f"| flat, {len(flat[c])} launch{'es' * (len(flat[c]) != 1)} | {c} | "
                          f"{' / '.join(f'{t * 1e3:.0f}' for t in times)} | base {base_s(flat[c]) * 1e3:.0f} | "
                          f"{spread} | every host link ({args.bw}) |")  # fmt: skip

@@ -28,7 +28,14 @@ import numpy as np
 import pandas as pd
 
 from testbed import perfmodel as pm
-from testbed.report.analysis import ModelSettings, fmt_rate, measured_crossover, network, variant_profile
+from testbed.report.analysis import (
+    ModelSettings,
+    fmt_rate,
+    launch_spread_pct,
+    measured_crossover,
+    network,
+    variant_profile,
+)
 
 KEYS = ["model", "batch_size", "world_size", "data"]  # a convergence run and the throughput runs it composes with
 TTA_COLUMNS = ["model", "batch_size", "world_size", "data", "compressor", "target_accuracy", "seeds", "seeds_reached",
@@ -55,12 +62,6 @@ def _launch_means_s(g: pd.DataFrame) -> pd.Series:
 
 def _mean_iter_s(g: pd.DataFrame) -> float:
     return float(_launch_means_s(g).median())
-
-
-def _spread_pct(g: pd.DataFrame) -> float:
-    """How far apart the throughput launches' mean iteration times lay: slowest over fastest, minus 1 (0 for one)."""
-    means = _launch_means_s(g)
-    return float((means.max() / means.min() - 1) * 100)
 
 
 def compose(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.Profile], s: ModelSettings,
@@ -90,7 +91,7 @@ def compose(thr: pd.DataFrame, conv: pd.DataFrame, profiles: Sequence[pm.Profile
             at = same[(same["variant"] == variant) & (same["rate_bps"] == rate)]
             source, it, spread = None, None, None
             if not at.empty:
-                source, it, spread = "measured", _mean_iter_s(at), _spread_pct(at)
+                source, it, spread = "measured", _mean_iter_s(at), launch_spread_pct(_launch_means_s(at))
             elif prof is not None and rate > 0 and g["compressor"].iloc[0] in prof.compressor_names():
                 source = "predicted"
                 it = pm.predict_iteration(variant_profile(prof, variant), g["compressor"].iloc[0],
@@ -240,7 +241,7 @@ def composition_summary(errors: pd.DataFrame) -> pd.DataFrame:
                     "to_target": int((g["checks"] == "time to target").sum()),
                     "median_error_pct": float(g["error_pct"].median()), "min_error_pct": float(g["error_pct"].min()),
                     "max_error_pct": float(g["error_pct"].max()),
-                    "launch_spread_pct": float((per_step.max() / per_step.min() - 1) * 100),
+                    "launch_spread_pct": launch_spread_pct(per_step),
                     "throughput_spread_pct": g["throughput_spread_pct"].iloc[0]})  # fmt: skip
     return pd.DataFrame(out)
 

@@ -84,6 +84,13 @@ def variant_order(v: str) -> tuple:
     return (pm.COMPRESSORS.index(base) if base in pm.COMPRESSORS else len(pm.COMPRESSORS), v)
 
 
+def launch_spread_pct(times_s: Iterable[float]) -> float:
+    """How far apart launches of one configuration ran: the slowest time over the fastest, minus 1, in percent (0 for
+    one launch). On shared cores one launch's compute speed holds for its whole length and differs from the next's."""
+    times = [float(t) for t in times_s]
+    return (max(times) / min(times) - 1) * 100
+
+
 def group_label(model: str, batch_size: int, world_size: int | None = None) -> str:
     s = f"{model} bs{int(batch_size)}"
     return s if world_size is None else f"{s}, {int(world_size)} workers"
