@@ -406,6 +406,10 @@ def model_check(args, results: Path, profiles: Path, device: str, ranks_per_devi
     errors, crossovers = res.tables["errors"], res.tables["crossovers"]
     out = [f"profile: {prof.model}, batch {prof.batch_size}, {prof.device}, {prof.colocated_ranks} co-located "
            f"rank(s): forward + backward {(prof.forward_s + prof.backward_s) * 1e3:.1f} ms{note}\n"]  # fmt: skip
+    codecs = [f"{n} {c.encode_s * 1e3:.1f} + {c.decode_s * 1e3:.1f}" for n, c in prof.compressors.items()
+              if c.encode_s or c.decode_s]  # fmt: skip
+    if codecs:  # beside the timelines' codec lane: what the prediction takes for each codec
+        out.append(f"profile's codec, encode + decode ms over all buckets: {'; '.join(codecs)}\n")
     out.append("| rate | compressor | measured ms | predicted ms | error % |\n|---|---|---|---|---|")
     for _, e in errors.iterrows():
         out.append(f"| {e['bandwidth']} | {e['compressor']} | {e['measured_ms']:.1f} | {e['predicted_ms']:.1f} | "
@@ -476,6 +480,41 @@ def trial_row(r: dict, busbw: float | None, label: str) -> str:
             f"{r.get('device_name') or '-'} |")  # fmt: skip
 
 
+TIMELINE_HEADER = ("| rate | compressor | rank | iteration | ms | forward + backward ms | codec ms (all buckets) | "
+                   "codec on the critical path ms | wire ms | exposed ms |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def timeline_rows(results: Path, rows: list[dict], loopback: bool) -> list[str]:
+    """Per ok trial with a timeline and per rank: its median iteration (testbed.report.timeline), split into the
+    lanes, in ms; "-" where a lane was not marked (built-in sync SGD has no hook)."""
+    from testbed.errors import InputError
+    from testbed.report.timeline import _iteration, load, median_iteration, trial_dir
+
+    def ms(x) -> str:
+        return "-" if x is None else f"{x * 1e3:.1f}"
+
+    out = []
+    for r in rows:
+        if r.get("status") != "ok" or not r.get("timeline_iters"):
+            continue
+        label = rate_label(r.get("rate_bps"), loopback)
+        try:
+            docs = load(trial_dir(results, r["trial_id"], r.get("attempt")))
+            k = median_iteration(docs)
+        except InputError as e:
+            out.append(f"| {label} | {r['compressor']} | - | no timeline: {e} | - | - | - | - | - | - |")
+            continue
+        for d in docs:
+            it = _iteration(d, k)
+            ov = it["overlap"]
+            compute = it["backward_window_s"][1]
+            codec = sum(s["end_s"] - s["start_s"] for s in it["spans"] if s["lane"] == "codec")
+            out.append(f"| {label} | {r['compressor']} | {d['rank']} | {k} | {ms(it['iter_time_s'])} | {ms(compute)} | "
+                       f"{ms(codec)} | {ms(ov['codec_critical_s'])} | {ms(ov['comm_wire_s'])} | "
+                       f"{ms(ov['comm_exposed_s'])} |")  # fmt: skip
+    return out
+
+
 def skipped_row(label: str, compressor: str, why: str) -> str:
     return f"| {label} | {compressor} | - | skipped: {why} | - | - | - | - | - | - |"
 
@@ -502,6 +541,9 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup-iters", type=int, default=5)
+    ap.add_argument("--timeline", type=int, default=0, metavar="N",
+                    help="keep the marks of each trial's last N measured iterations (`testbed run --timeline`) and "
+                         "print where the median one went per rank (default 0: none)")
     ap.add_argument("--backend", default="nccl", help=argparse.SUPPRESS)  # gloo: the CPU smoke test of this script
     ap.add_argument("--out", default=None, help="where the tables and the tarball go (default: a temporary folder)")
     ap.add_argument("--deadline", type=float, default=540.0,
@@ -525,6 +567,8 @@ def main(argv=None) -> int:
         raise InputError(f"--deadline {args.deadline:g}: expected a positive number of seconds")
     if not (args.trial_timeout > 0 and args.trial_timeout < float("inf")):
         raise InputError(f"--trial-timeout {args.trial_timeout:g}: expected a positive number of seconds")
+    if not 0 <= args.timeline <= args.iters:
+        raise InputError(f"--timeline {args.timeline}: expected 0 to --iters ({args.iters}) measured iterations")
     deadline = Deadline(args.deadline)
     sys.stdout.reconfigure(line_buffering=True)  # what is printed survives a run cut off at the device's time limit
     if not args.no_model:
@@ -662,6 +706,10 @@ def run_check(args, deadline: Deadline, o: Output, facts: dict, wanted_rates, co
         rows, trial_failures = run_trials(args, deadline, o, cluster, rates, compressors, loopback, shaped, caps,
                                           work)  # fmt: skip
         failures += trial_failures
+        if args.timeline:
+            o.table("\n" + TIMELINE_HEADER)
+            for line in timeline_rows(work / "results", rows, loopback):
+                o.table(line)
 
         # 5. the model on the same cluster
         if args.no_model:
@@ -738,7 +786,7 @@ def run_trials(args, deadline, o, cluster, rates, compressors, loopback, shaped,
                 continue
             trial = Trial(comp, rate, 2, model=args.model, image_size=args.image_size, batch_size=args.batch_size,
                           iters=args.iters, warmup_iters=args.warmup_iters, backend=args.backend, ranks_per_host=1,
-                          cluster=args.name,
+                          cluster=args.name, timeline_iters=args.timeline,
                           options=(("rank", 4),) if comp in ("powersgd", "acpsgd") else ())  # fmt: skip
             try:
                 row = run_trial(cluster, trial, store, timeout_s=budget, probe=shaped and caps["iperf3"][0])

@@ -42,10 +42,11 @@ def test_the_check_runs_end_to_end_on_cpu_with_gloo(cli_env, cluster_name, tmp_p
     out = tmp_path / "res"
     # one calibration rep: each rep of the calibration's contention probe is ~2 s of CNN compute per rank, size and
     # collective; what the fit makes of more reps is test_calibrate's and bench/'s, here the stage has to run and store
-    done = _check(cli_env, *CPU, "--rates", "200mbit", "--name", cluster_name, "--out", str(out),
+    done = _check(cli_env, *CPU, "--rates", "200mbit", "--name", cluster_name, "--out", str(out), "--timeline", "1",
                   "--calibrate-sizes", "64kb,256kb,1mb", "--calibrate-reps", "1", timeout_s=540)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     trials, model = done.stdout.split("## Performance model on this cluster")
+    trials, timelines = trials.split("| rate | compressor | rank | iteration |")
     for capability in ("namespace", "veth", "HTB", "iperf3"):  # one line each, found by doing it
         assert re.search(rf"^\| {capability} \| yes \|", trials, re.M), capability
     assert re.search(r"^\| ip \| (yes|no) \| .*not needed", trials, re.M)
@@ -54,10 +55,22 @@ def test_the_check_runs_end_to_end_on_cpu_with_gloo(cli_env, cluster_name, tmp_p
     rows = [line for line in trials.splitlines() if line.startswith("| 200mbit |")]
     assert [r.split("|")[2].strip() for r in rows] == ["syncsgd", "powersgd"]
     assert all("| ok |" in r for r in rows)
+    # --timeline 1: each trial's kept iteration, per rank, split into lanes; PowerSGD's codec and wire are marked
+    # (built-in sync SGD has no hook: its codec is 0 and its wire "-")
+    lanes = {(r.split("|")[2].strip(), r.split("|")[3].strip()): [c.strip() for c in r.split("|")[5:11]]
+             for r in timelines.splitlines() if r.startswith("| 200mbit |")}  # fmt: skip
+    assert sorted(lanes) == [("powersgd", "0"), ("powersgd", "1"), ("syncsgd", "0"), ("syncsgd", "1")], timelines
+    for (comp, _rank), (it_ms, compute_ms, codec_ms, _crit, wire_ms, exposed_ms) in lanes.items():
+        assert 0 < float(compute_ms) <= float(it_ms)
+        if comp == "powersgd":
+            assert float(codec_ms) > 0 and float(wire_ms) > 0 and 0 <= float(exposed_ms) <= float(wire_ms)
+        else:
+            assert float(codec_ms) == 0 and wire_ms == "-"
     # the model on the same cluster: calibrated at the trials' rate and backend (stored beside the profile), the
     # profile measured as the trials' 2 ranks share this machine, and each trial's prediction with its error
     assert "- calibration at 200mbit (gloo): fitted: latency alpha" in model
     assert "profile: mlp, batch 8, cpu, 2 co-located rank(s)" in model
+    assert re.search(r"^profile's codec, encode \+ decode ms over all buckets: powersgd \d+\.\d \+ \d+\.\d", model, re.M)
     errors = [line.split("|")[2].strip() for line in model.splitlines() if line.startswith("| 200mbit |")]
     assert sorted(errors) == ["powersgd[rank=4]", "syncsgd"]
     assert "| powersgd[rank=4] | n/a |" in model  # one rate: no measured crossover, said so
