@@ -15,7 +15,8 @@ of the deadline (a stage that no longer fits is skipped, said so, and the next o
      reason; if that fails too, every stage that needs a collective is skipped;
   4. per rate: the NCCL all-reduce bus bandwidth, then a trial per compressor (`testbed.launch.run_trial`: tc shaping,
      iperf3 probe, the launch plan, NCCL over sockets on the shaped veth), about 120 s each, every table row printed
-     as it finishes;
+     as it finishes; with --timeline N, each trial keeps its last N iterations' marks and a table shows the median
+     one per rank split into lanes (forward + backward, codec, codec on the critical path, wire, exposed);
   5. the performance model on the same cluster (`--no-model` leaves it out): `testbed calibrate` at each rate, a
      profile of the model on this machine's device (in lockstep when emulated hosts share a GPU, in a child process
      ended at the deadline), the report's predicted against measured iteration time per trial.
