@@ -31,20 +31,18 @@ from testbed.report.analysis import (
     PHASE_COLUMNS,
     REQUIRED_COLUMNS,
     SCHEMA_VERSION,
-    ModelSettings,
     aggregate,
     baseline_description,
     check_results,
-    fit_efficiency_from_trials,
     group_label,
     hardware_line,
     headline,
     measured_crossover,
-    prediction_errors,
     speedup_matrix,
     speedup_table,
 )
 from testbed.report.figures import plot_phases, plot_scaling, plot_time_vs_bandwidth, variant_colors
+from testbed.report.predicted import ModelSettings, fit_efficiency_from_trials, prediction_errors
 from testbed.report.searches import load_searches, search_notes, searches_of
 from testbed.report.shapes import split_shapes, straggler_figures, straggler_markdown, straggler_points
 from testbed.report.timeline import asked_trials, report_timelines

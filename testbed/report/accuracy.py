@@ -29,13 +29,12 @@ import pandas as pd
 
 from testbed import perfmodel as pm
 from testbed.report.analysis import (
-    ModelSettings,
     fmt_rate,
     launch_spread_pct,
     measured_crossover,
-    network,
     variant_profile,
 )
+from testbed.report.predicted import ModelSettings, network
 
 KEYS = ["model", "batch_size", "world_size", "data"]  # a convergence run and the throughput runs it composes with
 TTA_COLUMNS = ["model", "batch_size", "world_size", "data", "compressor", "target_accuracy", "seeds", "seeds_reached",

@@ -17,22 +17,19 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from testbed import perfmodel as pm  # noqa: E402
 from testbed.report.analysis import (  # noqa: E402
-    ModelSettings,
     base_compressor,
     baseline_description,
     counted_variants,
-    crossover_terms,
     describe_crossover,
-    effective_rate,
     fmt_rate,
     group_label,
     is_serial,
     measured_crossover,
     measured_verdict,
-    network,
     variant_order,
     variant_profile,
 )
+from testbed.report.predicted import ModelSettings, crossover_terms, effective_rate, network  # noqa: E402
 from testbed.report.searches import report_variant  # noqa: E402
 
 _COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]

@@ -16,7 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from testbed import perfmodel as pm
-from testbed.report.analysis import ModelSettings, fmt_rate, predicted_iteration
+from testbed.report.analysis import fmt_rate
+from testbed.report.predicted import ModelSettings, predicted_iteration
 
 SHAPE_COLUMNS = ("host_rates", "cross_traffic", "racks")
 

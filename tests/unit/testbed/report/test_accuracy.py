@@ -22,7 +22,7 @@ from testbed.report.accuracy import (
     final_accuracy,
     headline,
 )
-from testbed.report.analysis import ModelSettings
+from testbed.report.predicted import ModelSettings
 
 
 def test_fashion_mnist_files_are_found_and_a_bad_idx_is_named(tmp_path):
@@ -179,7 +179,7 @@ def test_rates_without_a_measurement_are_predicted_and_marked():
     tta, _ = compose(thr, conv, [prof], ModelSettings(), "syncsgd")
     at = tta.set_index("compressor")
     assert at.loc["syncsgd", "source"] == "measured" and at.loc["powersgd", "source"] == "predicted"
-    from testbed.report.analysis import network
+    from testbed.report.predicted import network
 
     net = network(2, 10_000_000, 0.0, ModelSettings())  # the report's own terms (default latency and efficiency)
     predicted = pm.predict_iteration(prof, "powersgd", net, hook_blocks_backward=True).iter_time_s
