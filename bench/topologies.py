@@ -9,17 +9,20 @@ cross traffic; sync SGD, PowerSGD, ACP-SGD, signSGD and Top-K.
 The prediction per trial: the compressor's measured flat iteration time (every link at --bw, no cross traffic; the
 median of --flat-launches launches, seeds 0..K-1: one launch's compute speed can differ from the next one's by 20 %
 and more with 4 ranks on 2 cores), plus the change of its collective's time when the ring's bottleneck
-(testbed.perfmodel.ring_bottleneck: the slowest host link, the spine's share per cross-rack step, the share cross
-traffic leaves) replaces the flat rate, and, with cross traffic, each ring step waits half the RTT the trial measured
-to the ring neighbour while the flows ran (its row's loaded_rtt_s: the standing queue the flows keep):
+(testbed.perfmodel.ring_bottleneck: the slowest host link, the spine's share per cross-rack step) replaces the flat
+rate:
 
-    t_pred(shape) = median t_meas(flat) + T_coll(payload, n, B_bottleneck, q) - T_coll(payload, n, B_flat, 0)
+    t_pred(shape) = median t_meas(flat) + T_coll(payload, n, terms at B_bottleneck) - T_coll(payload, n, terms at B_flat)
 
-(T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds, at the efficiency `testbed
-calibrate` measured on the flat cluster at that rate: before the trials the bench calibrates every link at each rate
-a bottleneck will have: a collective gets 0.67-0.82 of a shaped link here, not all of it, and a ring with one slow
-link gets what a flat ring at that rate gets; measured 2026-12-04, docs/topologies.md). Prints one Markdown table
-per shape (measured, predicted, error, bounding link) and the median and worst absolute error. Needs root; uses its own cluster name and removes it.
+(T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds, with the terms `testbed calibrate`
+measured on the flat cluster at that rate: before the trials the bench calibrates every link at each rate a bottleneck
+will have: a collective gets 0.67-0.82 of a shaped link here, not all of it, and a ring with one slow link gets what a
+flat ring at that rate gets; measured 2026-12-04, docs/topologies.md). With cross traffic the terms are those of a
+calibration measured beside the same flows (`testbed calibrate --cross-traffic N` at --bw): what the flows leave a
+collective of each size, its loaded round trips included, measured rather than derived from a fair share and half the
+loaded RTT (that derivation missed by -72 % to +67 %, docs/benchmarks.md). Prints one Markdown table per shape
+(measured, predicted, error, bounding link) and the median and worst absolute error. Needs root; uses its own cluster
+name and removes it.
 """
 
 from __future__ import annotations
@@ -75,25 +78,26 @@ def run(args, out: Path, comp: str, *flags: str) -> dict:
     return json.loads(done.stdout)["row"]
 
 
-def calibrate(rates_bps: list[float], profiles: Path, n: int, timeout_s: int):
-    """Calibrate the flat cluster at each rate (every link shaped at it) that `profiles` has no calibration of for
-    n ranks, and return the terms interpolated by rate."""
-    have = {c.rate_bps for c in pm.find_calibrations(profiles) if c.world_size == n} if profiles.is_dir() else set()
+def calibrate(rates_bps: list[float], profiles: Path, n: int, timeout_s: int, cross_traffic: int = 0):
+    """Calibrate the flat cluster at each rate (every link shaped at it; beside `cross_traffic` flows) that `profiles`
+    has no such calibration of for n ranks, and return the terms interpolated by rate."""
+    found = pm.find_calibrations(profiles)
+    have = {c.rate_bps for c in found if c.world_size == n and c.cross_traffic == cross_traffic}
     missing = [r for r in sorted(rates_bps) if int(r) not in have]
     if missing:
         bws = ",".join(f"{int(r)}bit" for r in missing)
         done = cli("calibrate", "--name", NAME, "--bw", bws, "--sizes", "256kb,1mb,4mb", "--reps", "3", "--out",
-                   str(profiles), timeout_s=timeout_s)  # fmt: skip
+                   str(profiles), "--cross-traffic", str(cross_traffic), timeout_s=timeout_s)  # fmt: skip
         if done.returncode:
-            sys.exit(f"testbed calibrate --bw {bws} failed: {done.stderr.strip()}")
-    return pm.terms_for(pm.find_calibrations(profiles), n)
+            sys.exit(f"testbed calibrate --bw {bws} --cross-traffic {cross_traffic} failed: {done.stderr.strip()}")
+    return pm.terms_for(pm.find_calibrations(profiles), n, cross_traffic=cross_traffic)
 
 
-def coll_s(comp: str, payload: float, terms, n: int, rate: float, queue_delay_s: float = 0.0) -> float:
+def coll_s(comp: str, payload: float, terms, n: int, rate: float) -> float:
     """The compressor's collective at `rate` with the calibrated terms there (without the compute-contention term,
     which the flat trial already carries; the row's payload of an all-gather is this rank's share)."""
     entry = catalog.compressor(comp)
-    net = terms.network(n, rate, extra_latency_s=queue_delay_s)
+    net = terms.network(n, rate)
     return pm.collective_time_s(entry.collective, payload, entry.rounds, net, beside_compute_s=0.0)
 
 
@@ -103,12 +107,17 @@ def base_s(launches: list[dict]) -> float:
     return statistics.median(r["iter_time_s_p50"] for r in launches)
 
 
-def predict(launches: list[dict], comp: str, terms, n: int, flat_bps: float, lay: pm.Layout) -> tuple[float, str]:
+def predict(launches: list[dict], comp: str, terms, n: int, flat_bps: float, lay: pm.Layout,
+            beside=None) -> tuple[float, str]:  # fmt: skip
+    """`beside`: the terms calibrated beside the trial's cross traffic (at the flat rate), which replace the flat
+    ones for the shaped trial."""
     b = pm.ring_bottleneck(lay)
     payload = launches[0]["payload_bytes_per_iter"] or 0.0
+    flat = coll_s(comp, payload, terms, n, flat_bps)
+    if beside is not None:
+        return base_s(launches) + coll_s(comp, payload, beside, n, flat_bps) - flat, f"{b.link}, calibrated beside them"
     rate = b.rate_bps if b.bounded else flat_bps
-    extra = coll_s(comp, payload, terms, n, rate, lay.queue_delay_s) - coll_s(comp, payload, terms, n, flat_bps)
-    return base_s(launches) + extra, b.link
+    return base_s(launches) + coll_s(comp, payload, terms, n, rate) - flat, b.link
 
 
 def main() -> int:
@@ -142,21 +151,21 @@ def main() -> int:
     cross_layouts = {k: trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k)) for k in crosses}
     rack_layouts = {r: trial_shape.layout(hosts, flat_bps, {}, rack_of=[i * 2 // n for i in range(n)],
                                           uplink_bps=(n // 2) * flat_bps // r) for r in oversubs}  # fmt: skip
-    rates = {flat_bps} | {b.rate_bps for lay in (*straggler_layouts.values(), *cross_layouts.values(),
-                                                 *rack_layouts.values())
+    rates = {flat_bps} | {b.rate_bps for lay in (*straggler_layouts.values(), *rack_layouts.values())
                           if (b := pm.ring_bottleneck(lay)).bounded and b.rate_bps < flat_bps}  # fmt: skip
     try:
         up(n, args.bw)
         terms = calibrate(sorted(rates), out / "profiles", n, args.trial_timeout)
         print(f"calibrated at {', '.join(format_rate(int(r)) for r in sorted(rates))}: {terms.describe()}",
               file=sys.stderr, flush=True)  # fmt: skip
+        beside = {k: calibrate([flat_bps], out / "profiles", n, args.trial_timeout, cross_traffic=k) for k in crosses}
         up(n, args.bw)  # calibrate leaves the last rate on every link
         flat = {c: [run(args, out, c, "--seed", str(k)) for k in range(args.flat_launches)] for c in comps}
 
-        def row(shape: str, comp: str, meas: dict, lay: pm.Layout) -> str:
+        def row(shape: str, comp: str, meas: dict, lay: pm.Layout, beside=None) -> str:
             if meas["status"] != "ok" or any(r["status"] != "ok" for r in flat[comp]):
                 return f"| {shape} | {comp} | {meas['status']} (flat: {', '.join(r['status'] for r in flat[comp])}) | | | |"
-            pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay)
+            pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay, beside)
             m = meas["iter_time_s_p50"]
             err = (pred - m) / m
             errors.append(abs(err))
@@ -180,9 +189,7 @@ def main() -> int:
         for k in crosses:
             for c in comps:
                 meas = run(args, out, c, "--cross-traffic", str(k))
-                lay = trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k),
-                                         loaded_rtt_s=meas.get("loaded_rtt_s"))  # fmt: skip
-                lines.append(row(f"{k} cross flow{'s' * (k != 1)}", c, meas, lay))
+                lines.append(row(f"{k} cross flow{'s' * (k != 1)}", c, meas, cross_layouts[k], beside[k]))
         tables.append("\n".join(lines))
         lines = [head]
         for ratio, lay in rack_layouts.items():

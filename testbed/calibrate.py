@@ -3,12 +3,13 @@
 Order of work (what is undone on the way out, whatever happens, as for a trial in launch.py):
   1. resolve backend, ranks per host and world size against the cluster's hosts (as a trial is: launch_plan);
   2. shape every link at the given rate, or clear the shaping (`--bw none`: calibrated unshaped), else keep the
-     cluster's current shaping (its rate is recorded);
+     cluster's current shaping (its rate is recorded); with `--cross-traffic N`, start N bulk TCP flows between the
+     hosts for the length of the measurement, as a trial with `--cross-traffic N` does (testbed.cross_traffic);
   3. start one `python -m runners.collbench` rank per slot of the launch plan (torchrun environment, allowlisted
      variables, GLOO_SOCKET_IFNAME or NCCL's socket settings) in its own process group, and watch them;
   4. fetch rank 0's JSON, fit (testbed.perfmodel.fit), store `calibration-<cluster>-<backend>-p<p>-<rate>.json` beside
      the profiles (atomic write) and a figure of algbw/busbw per size beside it;
-  5. put the cluster's configured shaping back.
+  5. end the cross traffic and put the cluster's configured shaping back.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from pathlib import Path
 
 from runners.contract import CollBenchArgs
 from shaping.plan import LinkShape
+from testbed import cross_traffic as cross_flows
 from testbed import launch_plan, ranks
 from testbed.cluster import registry
 from testbed.config import Trial
 from testbed.errors import InputError, LaunchError
 from testbed.perfmodel.calibration import Calibration, calibration_from_bench, load_calibration, save_calibration
+from testbed.trial_shape import check_cross_traffic
 
 DEFAULT_SIZES_BYTES = (16 * 1024, 256 * 1024, 1024**2, 4 * 1024**2, 16 * 1024**2)
 MAX_SIZE_BYTES = 1024**3
@@ -64,12 +67,18 @@ def run_calibration(
     timeout_s: float = 600.0,
     figure: bool = True,
     on_phase: Callable[[str], None] | None = None,
+    cross_traffic: int = 0,
 ) -> tuple[Calibration, Path]:
     """Measure, fit and store; returns the calibration and the JSON's path (the figure is beside it, .png).
-    `shape` None measures at the cluster's current shaping, or with every link unshaped when `unshaped`."""
+    `shape` None measures at the cluster's current shaping, or with every link unshaped when `unshaped`.
+    `cross_traffic` N: N bulk TCP flows share the links while it measures (recorded; the predictions of trials with
+    N flows use it, the others never)."""
     from testbed.launch import TrialFailed, end_trial, make_plan, watch_ranks
 
     check_settings(sizes_bytes, reps, timeout_s)
+    check_cross_traffic(cross_traffic)
+    if cross_traffic and len(cluster.hosts()) < 2:
+        raise InputError(f"--cross-traffic {cross_traffic}: cross traffic needs at least 2 hosts")
     if unshaped and shape is not None:
         raise InputError("calibrate: a rate and unshaped exclude each other")
     say = on_phase or (lambda _msg: None)
@@ -95,7 +104,8 @@ def run_calibration(
     rank_out = cluster.rank_out_dir(work, run_id)
     plan = make_plan(cluster, trial, rank_out, timeout_s=timeout_s)  # the trials' placement and environment
     used = list(plan.hosts)
-    procs = []
+    procs: list = []
+    cross: list = []
     # what the next command on the cluster needs to end this calibration's ranks and restore the shaping after a
     # SIGKILL of this process (testbed.cluster_lease)
     note = {"what": f"calibration {run_id}", "hosts": [h.name for h in hosts], "processes": [],
@@ -109,12 +119,17 @@ def run_calibration(
         elif unshaped and configured is not None:
             say("clearing the shaping")
             cluster.clear_shaping(hosts)
-        say(f"all-reduce and all-gather on {trial.world_size} ranks ({plan.backend}), {len(sizes_bytes)} sizes")
 
         def remember(proc) -> None:  # found again by its handle after a SIGKILL of this process
             if (handle := proc.handle()) is not None:
                 note["processes"].append(handle)
                 registry.record_trial(cluster.name, note)
+
+        if cross_traffic:
+            say(f"starting {cross_traffic} cross-traffic flow{'s' * (cross_traffic != 1)}")
+            cross = cross_flows.start(cluster, used, cross_traffic, duration_s=timeout_s + 60, log_dir=work / "logs",
+                                      on_start=remember)  # fmt: skip
+        say(f"all-reduce and all-gather on {trial.world_size} ranks ({plan.backend}), {len(sizes_bytes)} sizes")
 
         starts = []
         for r in plan.ranks:
@@ -142,15 +157,16 @@ def run_calibration(
             raise LaunchError(f"calibration: rank 0 wrote no results (logs in {work / 'logs'})") from None
     finally:
         try:
-            problems = end_trial(cluster, procs, configured, hosts, say, restore=shape is not None or
-                                 (unshaped and configured is not None))  # fmt: skip
+            problems = cross_flows.stop(cross) + end_trial(cluster, procs, configured, hosts, say,
+                                                           restore=shape is not None or
+                                                           (unshaped and configured is not None))  # fmt: skip
         finally:
             registry.clear_trial(cluster.name)
         if problems and sys.exc_info()[0] is None:  # never hide the error that ended the calibration
             raise LaunchError(f"calibration: cleaning up failed: {'; '.join(problems)}; `testbed down --name "
                               f"{cluster.name}` ends what is left")  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)  # kept only when the run failed: its error names the logs there
-    calibration = calibration_from_bench(bench, cluster=cluster.name, rate_bps=rate_bps)
+    calibration = calibration_from_bench(bench, cluster=cluster.name, rate_bps=rate_bps, cross_traffic=cross_traffic)
     path = save_calibration(calibration, out_dir)
     if figure:
         from testbed.report.figures import plot_calibration

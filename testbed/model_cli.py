@@ -217,6 +217,14 @@ def add_commands(subparsers: Any) -> None:
         help="message sizes (all-reduce buffer, all-gather output), comma-separated (default: %(default)s)",
     )
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per size and collective (default: 5)")
+    p.add_argument(
+        "--cross-traffic",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure beside N bulk TCP flows between the hosts, as a trial with --cross-traffic N runs (stored "
+        "apart: only predictions of trials with N flows use it; default 0)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds before the measurement is abandoned")
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory of the profiles (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored calibration as JSON")
@@ -336,12 +344,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from testbed.launch import stop_on_signals
     from testbed.outputs import check_output_dir
     from testbed.trial_args import wait_seconds
+    from testbed.trial_shape import check_cross_traffic
 
     points = calibration_points(args)  # [(shape, unshaped)], one per --bw item, all checked before anything runs
     sizes = parse_sizes(args.sizes)
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise InputError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
     check_settings(sizes, args.reps, args.timeout)
+    check_cross_traffic(args.cross_traffic)
     if args.world_size is not None and args.world_size < 2:
         raise InputError(f"--world-size {args.world_size}: a calibration needs at least 2 ranks")
     check_output_dir(args.out, "--out")
@@ -365,6 +375,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                     sizes_bytes=sizes,
                     reps=args.reps,
                     timeout_s=args.timeout,
+                    cross_traffic=args.cross_traffic,
                     on_phase=lambda msg, at=at: status.update(f"calibrating at {at}: {msg}..."),
                 )
                 done.append((c, path))

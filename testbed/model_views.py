@@ -72,6 +72,8 @@ def calibration_summary(c: pm.Calibration) -> str:
         f"{f.contention_s_per_wire_byte * 1e9:.3g} ns more per byte on the wire; in lockstep the slowest rank "
         f"finishes a step {c.skew_s * 1e3:.3g} ms after the median one; "
         f"fit residual {f.allreduce_fit.rel_rms:.1%} (all-reduce), {f.allgather_fit.rel_rms:.1%} (all-gather)"
+        + (f"; measured beside {c.cross_traffic} cross-traffic flow{'s' * (c.cross_traffic != 1)} (used only for "
+           f"trials with as many)" if c.cross_traffic else "")
     )
 
 

@@ -66,14 +66,18 @@ def check_trial_shape(t: Any) -> None:
             raise InputError(f"--host-bw {pair[0]}={rate!r}: expected a rate > 0 (or none)")
     if len({h for h, _ in t.host_rates}) != len(t.host_rates):
         raise InputError("--host-bw: a host is named twice")
-    k = t.cross_traffic
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_CROSS_FLOWS:
-        raise InputError(f"--cross-traffic {k!r}: expected an integer from 0 to {MAX_CROSS_FLOWS} (bulk TCP flows)")
+    check_cross_traffic(t.cross_traffic)
     for name, value, high in (("--jitter", t.jitter_s, 60.0), ("--loss", t.loss_pct, MAX_LOSS_PCT)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high:
             raise InputError(f"{name} {value!r}: expected a number from 0 to {high:g}")
     if t.rate_bps is None and (t.jitter_s or t.loss_pct):
         raise InputError("--jitter and --loss need a rate: an unshaped trial (--bw none) has no netem under a shaper")
+
+
+def check_cross_traffic(k: Any) -> None:
+    """--cross-traffic N (a trial's, a calibration's): an integer from 0 to MAX_CROSS_FLOWS, else InputError."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_CROSS_FLOWS:
+        raise InputError(f"--cross-traffic {k!r}: expected an integer from 0 to {MAX_CROSS_FLOWS} (bulk TCP flows)")
 
 
 def check_hosts(trial: Any, hosts: list) -> None:

@@ -40,6 +40,9 @@ class Calibration:
     torch_version: str = ""
     path: str = field(default="", compare=False)
     lockstep_skew_samples_s: tuple[float, ...] = ()  # per lockstep step: slowest rank - median rank
+    # bulk TCP flows that shared the links while it measured (`testbed calibrate --cross-traffic N`, issue 36); only
+    # predictions of trials with that much cross traffic use it (pick_calibration)
+    cross_traffic: int = 0
 
     @property
     def skew_s(self) -> float:
@@ -83,7 +86,12 @@ class Calibration:
 
 
 def calibration_from_bench(
-    bench: Mapping[str, Any], *, cluster: str, rate_bps: int | None, created_at: str | None = None
+    bench: Mapping[str, Any],
+    *,
+    cluster: str,
+    rate_bps: int | None,
+    created_at: str | None = None,
+    cross_traffic: int = 0,
 ) -> Calibration:
     """Fit a calibration to what runners.collbench wrote (schema testbed.collbench/1)."""
     if bench.get("schema") != COLLBENCH_SCHEMA:
@@ -107,6 +115,7 @@ def calibration_from_bench(
         device=str(bench.get("device", "cpu")),
         world_size=p,
         rate_bps=int(rate_bps) if rate_bps else None,
+        cross_traffic=int(cross_traffic),
         threads=int(bench.get("threads", 0)),
         created_at=created_at or dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         samples=samples,
@@ -132,6 +141,7 @@ def calibration_to_dict(c: Calibration) -> dict[str, Any]:
         "device": c.device,
         "world_size": c.world_size,
         "rate_bps": c.rate_bps,
+        "cross_traffic": c.cross_traffic,
         "threads": c.threads,
         "created_at": c.created_at,
         "torch_version": c.torch_version,
@@ -201,6 +211,7 @@ def calibration_from_dict(d: Mapping[str, Any], source: str = "calibration") -> 
             device=str(d.get("device", "cpu")),
             world_size=p,
             rate_bps=int(d["rate_bps"]) if d.get("rate_bps") else None,
+            cross_traffic=int(d.get("cross_traffic") or 0),  # older calibrations: measured without
             threads=int(d.get("threads", 0)),
             created_at=str(d.get("created_at", "")),
             samples=samples,
@@ -218,9 +229,12 @@ def calibration_from_dict(d: Mapping[str, Any], source: str = "calibration") -> 
         raise InputError(f"{source}: malformed calibration ({exc!r}); expected schema {CALIBRATION_SCHEMA}") from exc
 
 
-def calibration_filename(cluster: str, backend: str, world_size: int, rate_bps: int | None) -> str:
+def calibration_filename(
+    cluster: str, backend: str, world_size: int, rate_bps: int | None, cross_traffic: int = 0
+) -> str:
     at = rate_or_unshaped(rate_bps)
-    return f"calibration-{cluster}-{backend}-p{world_size}-{at}.json"
+    beside = f"-x{cross_traffic}" if cross_traffic else ""  # measured beside N cross-traffic flows
+    return f"calibration-{cluster}-{backend}-p{world_size}-{at}{beside}.json"
 
 
 def load_calibration(path: str | Path) -> Calibration:
@@ -250,11 +264,12 @@ def find_calibrations(directory: str | Path | None) -> list[Calibration]:
 
 
 def pick_calibration(
-    calibrations: Iterable[Calibration], world_size: int, backend: str | None = None
+    calibrations: Iterable[Calibration], world_size: int, backend: str | None = None, cross_traffic: int = 0
 ) -> Calibration | None:
-    """The calibration a prediction for `world_size` ranks uses: the same backend when given, then the closest world
-    size, then the newest."""
-    cands = [c for c in calibrations if backend is None or c.backend == backend]
+    """The calibration a prediction for `world_size` ranks uses: one measured beside as many cross-traffic flows as
+    the trial had (none, unless asked), the same backend when given, then the closest world size, then the newest."""
+    cands = [c for c in calibrations
+             if c.cross_traffic == cross_traffic and (backend is None or c.backend == backend)]  # fmt: skip
     if not cands:
         return None
     return min(cands, key=lambda c: (abs(c.world_size - world_size), newest_first_key(c.created_at)))
@@ -271,5 +286,6 @@ def save_calibration(calibration: Calibration, directory: str | Path) -> Path:
     """Write the calibration JSON atomically beside the profiles; returns its path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    name = calibration_filename(calibration.cluster, calibration.backend, calibration.world_size, calibration.rate_bps)
+    name = calibration_filename(calibration.cluster, calibration.backend, calibration.world_size, calibration.rate_bps,
+                                calibration.cross_traffic)  # fmt: skip
     return atomic_write(directory / name, json.dumps(calibration_to_dict(calibration), indent=2) + "\n")

@@ -264,15 +264,16 @@ class TermsByRate:
 
 
 def pick_calibrations(
-    calibrations: Iterable[Calibration], world_size: int, backend: str | None = None
+    calibrations: Iterable[Calibration], world_size: int, backend: str | None = None, cross_traffic: int = 0
 ) -> list[Calibration]:
-    """The calibrations a prediction for `world_size` ranks interpolates between: the same backend when given, the
-    closest world size, the newest one at each rate; ascending by calibrated_rate_bps."""
+    """The calibrations a prediction for `world_size` ranks interpolates between: beside `cross_traffic` flows, the
+    same backend when given, the closest world size, the newest one at each rate; ascending by calibrated_rate_bps."""
     calibrations = list(calibrations)
-    first = pick_calibration(calibrations, world_size, backend)
+    first = pick_calibration(calibrations, world_size, backend, cross_traffic)
     if first is None:
         return []
-    same = [c for c in calibrations if c.backend == first.backend and c.world_size == first.world_size]
+    same = [c for c in calibrations if c.backend == first.backend and c.world_size == first.world_size
+            and c.cross_traffic == cross_traffic]  # fmt: skip
     newest: dict[int | None, Calibration] = {}
     for c in sorted(same, key=lambda c: newest_first_key(c.created_at)):
         newest.setdefault(c.rate_bps, c)
@@ -286,10 +287,12 @@ def terms_for(
     backend: str | None = None,
     latency_s: float | None = None,
     efficiency: float | None = None,
+    cross_traffic: int = 0,
 ) -> ModelTerms | TermsByRate:
     """The terms a prediction for `world_size` ranks uses: one calibration's (model_terms; the defaults without any),
-    or, with calibrations at several rates, those interpolated by rate."""
-    picked = pick_calibrations(list(calibrations), world_size, backend)
+    or, with calibrations at several rates, those interpolated by rate. `cross_traffic` N > 0: only calibrations
+    measured beside N flows (`testbed calibrate --cross-traffic N`)."""
+    picked = pick_calibrations(list(calibrations), world_size, backend, cross_traffic)
     if len(picked) < 2:
         return model_terms(picked[0] if picked else None, latency_s=latency_s, efficiency=efficiency)
     return TermsByRate(tuple(picked), latency_s, efficiency)

@@ -161,6 +161,7 @@ NO_CLUSTER = [
     (["calibrate", "--reps", "0"], "--reps 0"),
     (["calibrate", "--timeout", "nan"], "--timeout nan"),
     (["calibrate", "--world-size", "1"], "at least 2 ranks"),
+    (["calibrate", "--cross-traffic", "-1"], "--cross-traffic -1: expected an integer from 0 to 16"),
     (["calibrate", "--bw", "9gbps"], "ambiguous unit"),
     (["calibrate", "--bw", "1gbit,1000mbit"], "'1000mbit' is the same rate as '1gbit'; accepted: each rate once"),
     (["calibrate", "--bw", "none,unshaped"], "'unshaped' is the same rate as 'none'"),

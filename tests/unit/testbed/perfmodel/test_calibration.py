@@ -9,7 +9,9 @@ import pytest
 
 from testbed import perfmodel as pm
 from testbed.errors import InputError
+from testbed.model_views import calibration_summary
 from testbed.report.analysis import crossover_verdict
+from testbed.trial_shape import check_cross_traffic
 
 SIZES = (16_384, 262_144, 1_048_576, 4_194_304, 16_777_216)
 
@@ -131,6 +133,30 @@ def test_json_round_trip_and_pick(tmp_path):
     assert pm.pick_calibration(found, 2, backend="nccl") is None
     with pytest.raises(InputError, match="schema"):
         pm.calibration_from_dict({"schema": "other"})
+
+
+def test_a_calibration_beside_cross_traffic_is_stored_apart_and_used_only_for_trials_with_as_many_flows(tmp_path):
+    """`testbed calibrate --cross-traffic N`: its own file, its flow count kept, and a prediction of a trial without
+    cross traffic never takes its (slower) terms, nor one with N flows the flat ones."""
+    flat = pm.calibration_from_bench(synthetic_bench(4, 80e-6, 0.9e8, 0.9e8, 1e-9, 0.0), cluster="c", rate_bps=10**8,
+                                     created_at="2026-01-01T00:00:00")  # fmt: skip
+    beside = pm.calibration_from_bench(synthetic_bench(4, 5e-3, 0.4e8, 0.3e8, 1e-9, 0.0), cluster="c", rate_bps=10**8,
+                                       created_at="2026-02-01T00:00:00", cross_traffic=4)  # fmt: skip
+    paths = {pm.save_calibration(c, tmp_path).name for c in (flat, beside)}
+    assert paths == {"calibration-c-gloo-p4-100mbit.json", "calibration-c-gloo-p4-100mbit-x4.json"}
+    found = pm.find_calibrations(tmp_path)
+    assert sorted(c.cross_traffic for c in found) == [0, 4]  # kept through the JSON
+    assert pm.pick_calibration(found, 4).cross_traffic == 0  # the newer one is beside cross traffic: not taken
+    assert pm.pick_calibration(found, 4, cross_traffic=4).cross_traffic == 4
+    assert pm.pick_calibration(found, 4, cross_traffic=1) is None
+    t_flat, t_beside = pm.terms_for(found, 4), pm.terms_for(found, 4, cross_traffic=4)
+    slow, fast = (pm.collective_time_s("allreduce", 2**20, 1, t.network(4, 1e8), beside_compute_s=0.0)
+                  for t in (t_beside, t_flat))
+    assert slow > 1.5 * fast
+    assert "beside 4 cross-traffic flows" in calibration_summary(beside)
+    assert "cross-traffic" not in calibration_summary(flat)
+    with pytest.raises(InputError, match="--cross-traffic 17: expected an integer from 0 to 16"):
+        check_cross_traffic(17)
 
 
 def test_model_terms_say_where_they_come_from():
