@@ -468,7 +468,7 @@ def _check_subnet(subnet: str, n_hosts: int) -> ipaddress.IPv4Network:
 
 def _build(record: dict[str, Any], prefixlen: int) -> None:
     sw = switch_ns(record["name"])
-    netns.create(sw)  # (registry.note_building named it first: a SIGKILL before the mark still leaves it ours)
+    topology.create_namespace(sw)  # (registry.note_building named it first: a SIGKILL before the mark still leaves it ours)
     mark = f"{MARK_PREFIX}{record['name']}"  # `down` removes only namespaces that carry the mark
     with IPRoute(netns=sw) as ipr:
         ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
@@ -478,7 +478,7 @@ def _build(record: dict[str, Any], prefixlen: int) -> None:
         if record.get("racks"):
             topology.build_racks(ipr, record, mark)
     for h in record["hosts"]:
-        netns.create(h["netns"])
+        topology.create_namespace(h["netns"])
         with IPRoute(netns=h.get("switch_netns") or sw) as ipr:  # the host's rack switch, or the one switch
             ipr.link("add", ifname=h["switch_port"], kind="veth", peer={"ifname": DATA_IFACE, "net_ns_fd": h["netns"]})
             port = ipr.link_lookup(ifname=h["switch_port"])[0]

@@ -25,7 +25,7 @@ from shaping import tc
 from shaping.plan import LinkShape
 from shaping.units import format_rate
 from testbed.cluster import registry
-from testbed.errors import InputError
+from testbed.errors import ClusterError, InputError
 
 UPLINK_IFACE = "up"  # the rack switch's end of its uplink
 
@@ -86,14 +86,36 @@ def describe(record: dict[str, Any], host_rate_bps: int | None) -> str | None:
     return f"{racks['count']} racks of {sizes} hosts, spine uplink {up} each direction, {ratio}"
 
 
+NETNS_CREATE_TRIES = 3
+
+
+def create_namespace(name: str) -> None:
+    """`pyroute2.netns.create`, tried again when it fails. It creates /run/netns/NAME, then bind-mounts the new
+    namespace on it in a child process; under parallel namespace churn (the suite's workers creating and removing
+    theirs at once) that mount failed once in a full suite (2026-12-04), surfacing as "[Errno 17] File exists" (a
+    stale errno), and it leaves the empty file behind, which makes every later create of the name fail. The name is
+    the caller's own (checked free, noted as building), so what a failed attempt left is removed before the next."""
+    from pyroute2 import netns
+
+    for attempt in range(1, NETNS_CREATE_TRIES + 1):
+        try:
+            netns.create(name)
+            return
+        except OSError as e:
+            if attempt == NETNS_CREATE_TRIES:
+                raise ClusterError(f"could not create network namespace {name} ({NETNS_CREATE_TRIES} tries): {e}") from e
+            with contextlib.suppress(OSError):
+                netns.remove(name)
+
+
 def build_racks(ipr_spine, record: dict[str, Any], mark: str) -> None:
     """Create the rack switches and their uplinks to the spine bridge (`ipr_spine`: an IPRoute in the spine namespace,
     whose `br0` exists). Hosts join their rack's bridge afterwards (`local._build`)."""
-    from pyroute2 import IPRoute, netns
+    from pyroute2 import IPRoute
 
     spine_br = ipr_spine.link_lookup(ifname="br0")[0]
     for j, ns in enumerate(record["racks"]["namespaces"]):
-        netns.create(ns)
+        create_namespace(ns)
         with IPRoute(netns=ns) as ipr:
             ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
             ipr.link("add", ifname="br0", kind="bridge")

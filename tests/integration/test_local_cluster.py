@@ -5,6 +5,7 @@ Every cluster has a unique name and a private state directory; the fixtures tear
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -236,3 +237,28 @@ def test_status_all_reports_a_broken_cluster_beside_the_others(make_cluster, tes
     data = {d["name"]: d for d in json.loads(done.stdout)}
     assert data[broken]["broken"] and f"testbed down --name {broken}" in data[broken]["error"]
     assert [h["name"] for h in data[fine]["hosts"]] == ["h0", "h1"]
+
+
+def test_a_namespace_whose_first_create_failed_is_created_on_the_next_try(cluster_name):
+    """pyroute2 creates /run/netns/NAME before it mounts the namespace there; when that mount fails (once in a full
+    suite, under parallel namespace churn) the empty file stays and makes every later create of the name fail with
+    "File exists". testbed.cluster.topology.create_namespace removes what the failed try left and tries again."""
+    from pyroute2 import netns
+
+    from testbed.cluster.topology import create_namespace
+
+    name = f"tb-{cluster_name}-stale"
+    path = f"/run/netns/{name}"
+    os.makedirs("/run/netns", exist_ok=True)
+    open(path, "x").close()  # what a failed create leaves: the mount point, no namespace on it
+    try:
+        with pytest.raises(FileExistsError):
+            netns.create(name)  # the failure mode: every later create of the name
+        create_namespace(name)
+        done = subprocess.run(["ip", "netns", "exec", name, "ip", "-o", "link", "show", "lo"], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+        assert done.returncode == 0 and "lo" in done.stdout, done.stderr  # a real namespace, with its own loopback
+    finally:
+        with contextlib.suppress(OSError):
+            netns.remove(name)
+    assert name not in netns.listnetns()
