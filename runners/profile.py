@@ -12,6 +12,10 @@ CLI: ``python -m runners.profile --model resnet18 --batch-size 32 --compressors 
 ``python -m runners.profile --lockstep-rank R --lockstep-world N --init-method file://PATH ...``: one of the N
 processes of a co-located profile (`testbed profile --colocated N` starts them; ``lockstep``): compute in lockstep
 and each compressor's encode / decode measured in place while every process trains with it; rank 0 writes --out.
+On CUDA the codecs in place run inside backward as a GPU trial runs them, their collectives the identity of one rank
+(gloo's collectives on CUDA tensors are not what a GPU trial runs): the solo profile's codec times, taken with the GPU
+otherwise idle, counted the gaps while the CPU launched PowerSGD's small kernels (45 ms against 15-19 ms in a trial's
+timeline on an H200, docs/benchmarks.md "GPU check").
 """
 
 from __future__ import annotations
@@ -190,16 +194,18 @@ class _DoneWork:
 
 @contextlib.contextmanager
 def local_collectives():
-    """All-reduce and all-gather as they are on a world of one rank (the identity, a copy for the gather), with no
-    process group involved: the solo profile on CUDA measures the codecs' compute, not gloo's device-to-host copies.
-    Only for a process whose every collective meanwhile is on a world-size-1 group (the solo profile)."""
+    """All-reduce and all-gather as they are on a world of one rank (the identity, a copy for the gather; on a group
+    of several, each slot of the gather gets this rank's part), with no process group involved: the solo profile on CUDA measures the codecs' compute, not gloo's device-to-host copies.
+    Only for a process whose every collective meanwhile is on a world-size-1 group (the solo profile), or that needs
+    the world group only for barriers and `agreed_steps` (the co-located profile's codecs in place on CUDA)."""
     from runners.compressors import base
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         return _DoneWork([tensor]) if async_op else None
 
     def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
-        output_tensor.view(-1).copy_(input_tensor.reshape(-1))
+        n = input_tensor.numel()  # every slot gets this rank's part (a group of several: as if all sent the same)
+        output_tensor.view(-1, n).copy_(input_tensor.reshape(1, n).expand(output_tensor.numel() // n, n))
         return _DoneWork([output_tensor]) if async_op else None
 
     fake = {"all_reduce": all_reduce, "all_gather_into_tensor": all_gather_into_tensor,
@@ -229,11 +235,14 @@ def measured_steps(iters: int, step_s: float) -> int:
     return max(iters, min(MAX_MEASURED_STEPS, math.ceil(MIN_MEASURED_S / step_s)))
 
 
+_world_all_reduce = dist.all_reduce  # agreed_steps' own: the CUDA codecs in place run under local_collectives
+
+
 def agreed_steps(iters: int, step_s: float) -> int:
     """`measured_steps` agreed by every rank of the default group (the most any asks): each step has collectives or
     a barrier that the others must join."""
     n = torch.tensor([measured_steps(iters, step_s)], dtype=torch.int64)
-    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    _world_all_reduce(n, op=dist.ReduceOp.MAX)
     return int(n.item())
 
 
@@ -328,6 +337,7 @@ def lockstep(
     options: dict[str, dict] | None = None,
     device: str = "cpu",
     timeout_s: float = 300.0,
+    local_codecs: bool | None = None,
 ) -> dict | None:
     """One of `world_size` co-located processes measuring together as the ranks of a trial on this machine run
     (`testbed profile --colocated N` starts them): returns, on rank 0, what they measured (None on the others).
@@ -335,8 +345,12 @@ def lockstep(
     Compute in lockstep: every step starts after a barrier, each rank's DDP reduces on a world-size-1 group of its
     own (no communication beside the compute; on CUDA its hook is the identity, no collective at all): forward / backward / optimizer medians, bucket readiness, and per step
     how much later than the median rank the slowest one is done (``skew_s``, the wait a collective after backward
-    sees). Codecs in place (CPU only): per compressor (sync SGD as DDP's built-in all-reduce), every rank trains
-    with it on the world group, as in a trial on an unshaped link; per step its phases as a trial splits them
+    sees). Codecs in place: per compressor (sync SGD as DDP's built-in all-reduce), every rank trains with it on the
+    world group, as in a trial on an unshaped link; or, with `local_codecs` (the default on CUDA), every rank trains
+    with it at once, each step started after a barrier, its collectives the identity of one rank (`local_collectives`:
+    the codecs' kernels run inside backward beside the co-located ranks' as in a GPU trial, with no gloo copy to the
+    host; a plugin's collectives are not replaced, so a plugin on CUDA is not measured in place); per step its phases
+    as a trial splits them
     (``runners.train.step_phases``), the median over ranks and steps, and ``step_s``, the median over steps of the
     slowest rank's step (a trial's iteration time) (``codecs``: name -> phase -> seconds;
     testbed.modelling.merge_lockstep turns them into the profile's encode / decode and its floors). Payload bytes and
@@ -349,11 +363,16 @@ def lockstep(
         own = [dist.new_group([r]) for r in range(world_size)][rank]  # every rank creates every group
         compute = _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, own)
         codecs = {}
-        if dev.type == "cpu":  # gloo's collectives on CUDA tensors are not what a GPU trial runs
-            for name in compressors:
-                state, hook = states[name]  # sync SGD built in: DDP's C++ all-reduce, as the trials run it
-                codecs[name] = _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb,
-                                                   dev, state, hook)  # fmt: skip
+        local = dev.type == "cuda" if local_codecs is None else local_codecs
+        for name in compressors:
+            state, hook = states[name]  # sync SGD built in: DDP's C++ all-reduce, as the trials run it
+            if not local:
+                codecs[name] = _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev,
+                                               state, hook)  # fmt: skip
+            elif not hasattr(state, "inner"):  # gloo's collectives on CUDA tensors are not what a GPU trial runs
+                with local_collectives():
+                    codecs[name] = _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev,
+                                                   state, hook, own_group=own)  # fmt: skip
         gathered: list = [None] * world_size
         dist.all_gather_object(gathered, {"compute": compute, "codecs": codecs})
         dist.barrier()
@@ -409,18 +428,25 @@ def _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_
     return out
 
 
-def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, state, hook) -> dict:
+def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, state, hook,
+                    own_group=None) -> dict:  # fmt: skip
     """Per step, the phases of a rank's step (``runners.train.step_phases``: forward, backward, encode, comm,
     decode, optimizer; exposed time, as a trial reports them) and the whole step (``step_s``) while every rank
-    trains with the compressor on the world group."""
+    trains with the compressor on the world group, or, with `own_group` (under `local_collectives`), each on a
+    world-size-1 group of its own, every step started after a barrier of the world group."""
     from runners.compressors import attach
     from runners.train import step_phases
 
     clock = Clock(dev)
     state.stats.clock = clock
     spec = build(model, batch_size, image_size=image_size, seq_len=seq_len, device=dev)
-    ddp = DDP(spec.module, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
-    attach(ddp, state, hook)
+    ddp = DDP(spec.module, device_ids=[dev.index] if dev.type == "cuda" else None, bucket_cap_mb=bucket_cap_mb,
+              gradient_as_bucket_view=True, process_group=own_group)  # fmt: skip
+    if own_group is not None and getattr(state, "builtin", False):
+        # sync SGD's all-reduce on one rank: the bucket itself (unannotated: DDP checks a hook's return annotation)
+        ddp.register_comm_hook(None, lambda state, bucket: identity_hook(state, bucket))
+    else:
+        attach(ddp, state, hook)
     last_grad = last_grad_marks(ddp.module, clock)
     opt = make_optimizer(ddp.parameters(), 1e-3)
     warmup = max(2, state.warmup_iters)  # every measured step compressed, buckets rebuilt
@@ -428,6 +454,8 @@ def _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb
     try:
         step, total = 0, warmup + iters
         while step < total:
+            if own_group is not None:
+                dist.barrier()  # the world group's collectives start a trial's steps together; here the barrier
             state.stats.reset()
             t0, t1, t2, t3 = timed_step(spec, ddp, opt, clock, step)
             if step == warmup - 1:

@@ -149,7 +149,8 @@ def merge_lockstep(solo: dict, lockstep: dict) -> dict:
     callback CPU: co-located ranks share the cores, so a peer's decode lands beside this rank's backward too (4 ranks
     on 2 cores, Sign-SGD: backward 251 ms longer against 40 ms of its own callbacks' CPU beyond the exposed decode).
     Each bucket's solo encode / decode is scaled so that the totals are these. Compressors not measured in place
-    (CUDA) are scaled by the compute's slowdown. Floors for the model at any rate (a link only adds to them):
+    (a plugin on CUDA) are scaled by the compute's slowdown. On CUDA the in-place codecs ran inside backward with
+    their collectives the identity of one rank (runners.profile.lockstep), so their floors hold no network. Floors for the model at any rate (a link only adds to them):
     ``lockstep_comm_s``, the communication each compressor exposed in place, and ``lockstep_step_s``, its whole step
     in place (the slowest rank's, median over steps: a trial's iteration time on an unshaped link). Payload bytes and
     rounds stay the solo profile's."""
