@@ -20,7 +20,8 @@ will have: a collective gets 0.67-0.82 of a shaped link here, not all of it, and
 flat ring at that rate gets; measured 2026-12-04, docs/topologies.md). With cross traffic the terms are those of a
 calibration measured beside the same flows (`testbed calibrate --cross-traffic N` at --bw): what the flows leave a
 collective of each size, its loaded round trips included, measured rather than derived from a fair share and half the
-loaded RTT (that derivation missed by -72 % to +67 %, docs/benchmarks.md). Prints one Markdown table per shape
+loaded RTT (that derivation missed by -72 % to +67 %; this one by -45 % to +56 %, while the same cross-traffic trial
+moved by up to 65 % from one launch to the next on 2 cores: docs/benchmarks.md). Prints one Markdown table per shape
 (measured, predicted, error, bounding link) and the median and worst absolute error. Needs root; uses its own cluster
 name and removes it.
 """
@@ -162,10 +163,10 @@ def main() -> int:
         up(n, args.bw)  # calibrate leaves the last rate on every link
         flat = {c: [run(args, out, c, "--seed", str(k)) for k in range(args.flat_launches)] for c in comps}
 
-        def row(shape: str, comp: str, meas: dict, lay: pm.Layout, beside=None) -> str:
+        def row(shape: str, comp: str, meas: dict, lay: pm.Layout, cross_terms=None) -> str:
             if meas["status"] != "ok" or any(r["status"] != "ok" for r in flat[comp]):
                 return f"| {shape} | {comp} | {meas['status']} (flat: {', '.join(r['status'] for r in flat[comp])}) | | | |"
-            pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay, beside)
+            pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay, cross_terms)
             m = meas["iter_time_s_p50"]
             err = (pred - m) / m
             errors.append(abs(err))
