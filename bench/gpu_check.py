@@ -489,7 +489,7 @@ def timeline_rows(results: Path, rows: list[dict], loopback: bool) -> list[str]:
     """Per ok trial with a timeline and per rank: its median iteration (testbed.report.timeline), split into the
     lanes, in ms; "-" where a lane was not marked (built-in sync SGD has no hook)."""
     from testbed.errors import InputError
-    from testbed.report.timeline import _iteration, load, median_iteration, trial_dir
+    from testbed.report.timeline import kept_iteration, load, median_iteration, trial_dir
 
     def ms(x) -> str:
         return "-" if x is None else f"{x * 1e3:.1f}"
@@ -506,7 +506,7 @@ def timeline_rows(results: Path, rows: list[dict], loopback: bool) -> list[str]:
             out.append(f"| {label} | {r['compressor']} | - | no timeline: {e} | - | - | - | - | - | - |")
             continue
         for d in docs:
-            it = _iteration(d, k)
+            it = kept_iteration(d, k)
             ov = it["overlap"]
             compute = it["backward_window_s"][1]
             codec = sum(s["end_s"] - s["start_s"] for s in it["spans"] if s["lane"] == "codec")

@@ -71,7 +71,7 @@ def median_iteration(docs: list[dict]) -> int:
     return min(k for k, v in slowest.items() if v == med)
 
 
-def _iteration(doc: dict, k: int) -> dict:
+def kept_iteration(doc: dict, k: int) -> dict:
     for it in doc["iterations"]:
         if it["iter"] == k:
             return it
@@ -120,7 +120,7 @@ def write_chrome_trace(docs: list[dict], path: str | Path, title: str = "") -> P
 # ------------------------------------------------------------------------------------------------ figure
 def plot_timeline(docs: list[dict], iteration: int, path: str | Path, title: str = "") -> Path:
     """One iteration on every rank: a row per rank and lane, times in ms from the earliest rank's start."""
-    its = [(d, _iteration(d, iteration)) for d in docs]
+    its = [(d, kept_iteration(d, iteration)) for d in docs]
     base = min(_start_s(d, it) for d, it in its)
     rows = len(docs) * len(LANES)
     fig = Figure(figsize=(11, 1.0 + 0.42 * rows))
