@@ -255,7 +255,8 @@ def resolve_profile(
         return pm.load_profile(exact), str(exact)
     same = [p for p in pm.find_profiles(directory) if p.model == model and p.batch_size == batch_size]
     if same:
-        return same[0], f"{directory}/{pm.profile_filename(same[0].model, same[0].batch_size, same[0].device)}"
+        p = same[0]
+        return p, str(directory / pm.profile_filename(p.model, p.batch_size, p.device, p.colocated_ranks))
     from runners import catalog
     from testbed.outputs import check_output_dir
 

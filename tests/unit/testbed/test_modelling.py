@@ -69,8 +69,8 @@ def test_what_a_plain_all_reduce_lengthened_backward_by_is_not_the_codecs():
     assert totals(merged, "topk")[1] == pytest.approx(0.014)
 
 
-def test_compressors_not_measured_in_place_scale_by_the_compute_slowdown():
-    merged = merge_lockstep(solo(), lockstep())  # no in-place codecs (a CUDA profile)
+def test_compressors_not_measured_in_place_scale_by_the_compute_slowdown():  # a plugin on CUDA
+    merged = merge_lockstep(solo(), lockstep())  # no in-place codecs (a plugin on CUDA)
     slowdown = (0.12 + 0.25 + 0.025) / (0.10 + 0.20 + 0.02)
     enc, dec = totals(merged, "signsgd")
     assert enc == pytest.approx(0.080 * slowdown) and dec == pytest.approx(0.150 * slowdown)
@@ -82,3 +82,17 @@ def test_other_buckets_than_the_solo_profile_are_refused():
     bad = {**lockstep(), "ready_at_s": {"0": 0.1, "1": 0.2, "2": 0.3}}
     with pytest.raises(errors.TestbedError, match="other DDP buckets"):
         merge_lockstep(solo(), bad)
+
+
+def test_a_stored_colocated_profile_is_named_by_the_file_it_came_from(tmp_path):
+    """`predict` without --profile finds a co-located profile stored for the model and batch size, and says which
+    file it read (it once named `<model>-bs<b>-cpu.json`, which did not exist, for `...-colocated4.json`)."""
+    from testbed import perfmodel as pm
+    from testbed.modelling import resolve_profile, save_profile
+
+    prof = pm.profile_from_dict({**solo(), "colocated_ranks": 4}, source="test")
+    stored = save_profile(prof, tmp_path)
+    got, source = resolve_profile(profile_path=None, model="resnet18", batch_size=32, device="cpu",
+                                  profiles_dir=tmp_path)  # fmt: skip
+    assert got.colocated_ranks == 4
+    assert source == str(stored) and stored.name == "resnet18-bs32-cpu-colocated4.json"
