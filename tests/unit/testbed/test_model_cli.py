@@ -303,3 +303,16 @@ def test_calibrate_with_a_bw_list_calibrates_at_each_rate_under_one_lease_and_pr
     printed = json.loads(capsys.readouterr().out)
     assert [p["rate_bps"] for p in printed] == [100_000_000, None]
     assert [p["path"] for p in printed] == [str(tmp_path / "calibration-1.json"), str(tmp_path / "calibration-2.json")]
+
+
+def test_a_colocated_cpu_profile_takes_the_threads_a_local_trial_gives_each_rank(monkeypatch):
+    """No --threads: with --colocated N on the CPU, cores // N (at least 1), as LocalCluster.threads_per_rank gives
+    each rank of an N-rank trial; given, as given (0: torch's default); solo or on CUDA, torch's default."""
+    import os
+
+    from testbed.model_cli import profile_threads
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert profile_threads(None, 4, "cpu") == 2 and profile_threads(None, 16, "cpu") == 1
+    assert profile_threads(None, 1, "cpu") == 0 and profile_threads(None, 4, "cuda") == 0
+    assert profile_threads(0, 4, "cpu") == 0 and profile_threads(3, 4, "cpu") == 3
