@@ -79,7 +79,8 @@ def run(args, out: Path, comp: str, *flags: str) -> dict:
     return json.loads(done.stdout)["row"]
 
 
-def calibrate(rates_bps: list[float], profiles: Path, n: int, timeout_s: int, cross_traffic: int = 0):
+def calibrate(rates_bps: list[float], profiles: Path, n: int, timeout_s: int, cross_traffic: int = 0,
+              sizes: str = "256kb,1mb,4mb", reps: int = 3):  # fmt: skip
     """Calibrate the flat cluster at each rate (every link shaped at it; beside `cross_traffic` flows) that `profiles`
     has no such calibration of for n ranks, and return the terms interpolated by rate."""
     found = pm.find_calibrations(profiles)
@@ -87,7 +88,7 @@ def calibrate(rates_bps: list[float], profiles: Path, n: int, timeout_s: int, cr
     missing = [r for r in sorted(rates_bps) if int(r) not in have]
     if missing:
         bws = ",".join(f"{int(r)}bit" for r in missing)
-        done = cli("calibrate", "--name", NAME, "--bw", bws, "--sizes", "256kb,1mb,4mb", "--reps", "3", "--out",
+        done = cli("calibrate", "--name", NAME, "--bw", bws, "--sizes", sizes, "--reps", str(reps), "--out",
                    str(profiles), "--cross-traffic", str(cross_traffic), timeout_s=timeout_s)  # fmt: skip
         if done.returncode:
             sys.exit(f"testbed calibrate --bw {bws} --cross-traffic {cross_traffic} failed: {done.stderr.strip()}")
@@ -133,6 +134,10 @@ def main() -> int:
                    help="seconds per trial (run --timeout; default 3600): sync SGD of ResNet-18 with a straggler at "
                         "10 Mbit/s steps about a minute, and `run`'s own default of 600 s stopped it (2026-12-04)")
     p.add_argument("--smoke", action="store_true", help="one point per shape (1/10, 1:4, 1 flow)")
+    p.add_argument("--cross-sizes", default="1mb,4mb,25mb",
+                   help="message sizes of the calibrations beside cross traffic, up to the trials' DDP bucket "
+                        "(default %(default)s, 2 reps: beside one flow a 4 MB all-reduce got 61 Mbit/s of busbw, "
+                        "sync SGD's 25 MB buckets about 45; 2026-12-04)")  # fmt: skip
     p.add_argument("--flat-launches", type=int, default=3,
                    help="flat trials per compressor (seeds 0..K-1), the median their base (default 3)")
     p.add_argument("--out", type=Path,
@@ -159,7 +164,8 @@ def main() -> int:
         terms = calibrate(sorted(rates), out / "profiles", n, args.trial_timeout)
         print(f"calibrated at {', '.join(format_rate(int(r)) for r in sorted(rates))}: {terms.describe()}",
               file=sys.stderr, flush=True)  # fmt: skip
-        beside = {k: calibrate([flat_bps], out / "profiles", n, args.trial_timeout, cross_traffic=k) for k in crosses}
+        beside = {k: calibrate([flat_bps], out / "profiles", n, args.trial_timeout, cross_traffic=k,
+                               sizes=args.cross_sizes, reps=2) for k in crosses}  # fmt: skip
         up(n, args.bw)  # calibrate leaves the last rate on every link
         flat = {c: [run(args, out, c, "--seed", str(k)) for k in range(args.flat_launches)] for c in comps}
 
