@@ -279,7 +279,9 @@ class LoopbackCluster:
         return list(self._hosts)
 
     def threads_per_rank(self, world_size: int) -> int:
-        return max(1, (os.cpu_count() or 1) // max(1, world_size))
+        from testbed.cluster.base import shared_cpu_threads
+
+        return shared_cpu_threads(world_size)
 
     def rank_out_dir(self, local_dir, trial_id):
         return Path(local_dir).absolute()

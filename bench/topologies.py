@@ -86,13 +86,14 @@ def calibrate(rates_bps: list[float], profiles: Path, n: int, timeout_s: int, cr
     found = pm.find_calibrations(profiles)
     have = {c.rate_bps for c in found if c.world_size == n and c.cross_traffic == cross_traffic}
     missing = [r for r in sorted(rates_bps) if int(r) not in have]
-    if missing:
+    if missing:  # else the ones read above are all there is
         bws = ",".join(f"{int(r)}bit" for r in missing)
         done = cli("calibrate", "--name", NAME, "--bw", bws, "--sizes", sizes, "--reps", str(reps), "--out",
                    str(profiles), "--cross-traffic", str(cross_traffic), timeout_s=timeout_s)  # fmt: skip
         if done.returncode:
             sys.exit(f"testbed calibrate --bw {bws} --cross-traffic {cross_traffic} failed: {done.stderr.strip()}")
-    return pm.terms_for(pm.find_calibrations(profiles), n, cross_traffic=cross_traffic)
+        found = pm.find_calibrations(profiles)  # with the new ones
+    return pm.terms_for(found, n, cross_traffic=cross_traffic)
 
 
 def coll_s(comp: str, payload: float, terms, n: int, rate: float) -> float:

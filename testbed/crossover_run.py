@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -52,12 +51,13 @@ def profile_for(trial: Trial, names: list[str], profiles_dir: Path, *, measure: 
             f"--no-measure: no profile of {trial.model} with {', '.join(names)} in {profiles_dir}; run `testbed "
             f"profile --model {trial.model} --batch-size {trial.batch_size} --out {profiles_dir}` or drop --no-measure"
         )
+    from testbed.cluster.base import shared_cpu_threads
     from testbed.modelling import measure_and_store
     from testbed.outputs import check_output_dir
 
     check_output_dir(profiles_dir, "--profiles")
     say(f"no profile of {trial.model} bs{trial.batch_size} with {', '.join(names)} in {profiles_dir}: measuring one")
-    threads = max(1, (os.cpu_count() or 1) // max(1, trial.world_size))
+    threads = shared_cpu_threads(trial.world_size)
     prof, path = measure_and_store(trial.model, trial.batch_size, names, "cpu", profiles_dir,
                                    image_size=trial.image_size, seq_len=trial.seq_len,
                                    bucket_cap_mb=trial.bucket_cap_mb, threads=threads)  # fmt: skip

@@ -185,7 +185,7 @@ def run_trial(
         cross = cross_traffic.start(cluster, used, trial.cross_traffic, duration_s=timeout_s + 60,
                                     log_dir=out_dir / "logs", on_start=remember)  # fmt: skip
         row["wall_shape_s"] = lap = time.monotonic() - t0  # where the trial's time goes (docs/results-format.md)
-        if cross:  # what a ring step waits behind the flows' standing queue (the model's queue_delay_s)
+        if cross:  # what a ring step waits behind the flows' standing queue (an observation in the row)
             say("measuring the loaded RTT")
             row["loaded_rtt_s"] = cross_traffic.loaded_rtt_s(cluster, used[0], used[1])
         if probe and len(used) >= 2:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -105,14 +104,16 @@ def check_model_name(model: str) -> str:
 
 def profile_threads(threads: int | None, colocated: int, device: str) -> int:
     """--threads as given; unset, with --colocated N on the CPU, what a local trial of N ranks gives each rank
-    (LocalCluster.threads_per_rank: cores // N, at least 1). With torch's default instead, each of 4 co-located ranks
+    (`cluster.base.shared_cpu_threads`, as LocalCluster.threads_per_rank: cores // N, at least 1). With torch's default instead, each of 4 co-located ranks
     on 2 cores ran 2 threads: mlp batch 8's compute measured 5.1 ms (0.9 ms with 1 thread) and sync SGD's step in
     place 45 ms (6.5 ms), against a 14 ms trial step at 100 Mbit/s (2026-12-04, `testbed profile --model mlp
     --batch-size 8 --compressors syncsgd,powersgd --colocated 4 --threads 0`, then `--threads 1`)."""
     if threads is not None:
         return threads
     if device == "cpu" and colocated > 1:
-        return max(1, (os.cpu_count() or 1) // colocated)
+        from testbed.cluster.base import shared_cpu_threads
+
+        return shared_cpu_threads(colocated)
     return 0
 
 

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from shaping.plan import LinkShape
 from testbed.errors import InputError
+
+
+def shared_cpu_threads(ranks: int) -> int:
+    """CPU threads each of `ranks` processes gets when they share this machine's cores evenly, at least one: what each
+    rank of a local trial runs with, and what a co-located profile of that many ranks measures with."""
+    return max(1, (os.cpu_count() or 1) // max(1, ranks))
 
 
 @dataclasses.dataclass(frozen=True)

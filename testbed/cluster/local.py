@@ -28,7 +28,7 @@ from pyroute2 import IPRoute, netns
 from shaping import tc
 from shaping.plan import LinkShape
 from testbed.cluster import registry, topology
-from testbed.cluster.base import Cluster, Host, RankProcess
+from testbed.cluster.base import Cluster, Host, RankProcess, shared_cpu_threads
 from testbed.cluster.netns_exec import argv_in_namespace
 from testbed.errors import ClusterError, InputError, PermissionDenied
 from testbed.gpus import assign_gpus  # one home, importable without pyroute2 (the GPU check's loopback fallback)
@@ -301,7 +301,7 @@ class LocalCluster(Cluster):
 
     def threads_per_rank(self, world_size: int) -> int:
         """Every rank of a local trial runs on this machine: its CPUs shared evenly, at least one each."""
-        return max(1, (os.cpu_count() or 1) // max(1, world_size))
+        return shared_cpu_threads(world_size)
 
     def _argv(self, host: Host, argv: list[str]) -> list[str]:
         return [*self.command_prefix(host), *argv]
