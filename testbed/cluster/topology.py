@@ -167,7 +167,7 @@ def netem_available() -> bool:
     ns = f"tbprobe-netem-{os.getpid()}"
     ok = False
     try:
-        netns.create(ns)
+        create_namespace(ns)  # a create that failed once under namespace churn must not read as "no netem"
         with IPRoute(netns=ns) as ipr:
             ipr.link("add", ifname="nt0", kind="dummy")
             idx = ipr.link_lookup(ifname="nt0")[0]
