@@ -100,8 +100,9 @@ def loaded_rtt_s(cluster, src, dst) -> float | None:
     """The round-trip time from `src` to its ring neighbour `dst` while the cross traffic runs: the median of the
     replies after the first RTT_SKIP (seconds), None when ping is missing or nothing came back. A ring step's chunk
     waits behind the bulk flows' standing queue (docs/topologies.md: 0.1 ms unloaded, 13-82 ms with one to four
-    flows at 20 Mbit/s). Recorded in the row as an observation; `Layout.queue_delay_s` can add half of it per ring
-    step, but the topologies bench now predicts cross traffic from calibrations beside the flows instead."""
+    flows at 20 Mbit/s). Recorded in the row as an observation: the model takes what the flows leave a collective,
+    its waits behind the queue included, from a calibration beside the same flows (`testbed calibrate
+    --cross-traffic N`), not from this figure."""
     argv = ["ping", "-n", "-c", str(RTT_PINGS), "-i", str(RTT_INTERVAL_S), "-W", "2", dst.address]
     try:
         out = cluster.run(src, argv, timeout_s=RTT_PINGS * RTT_INTERVAL_S + 10)

@@ -174,10 +174,9 @@ def row_fields(cluster: Any, trial: Any) -> dict[str, Any]:
 
 def layout(host_names: list[str], trial_rate_bps: int | None, host_rates: dict[str, int | None], *,
            rack_of: list[int] | None = None, uplink_bps: int | None = None,
-           cross_pairs: list[tuple[int, int]] = (), loaded_rtt_s: float | None = None):  # fmt: skip
+           cross_pairs: list[tuple[int, int]] = ()):  # fmt: skip
     """The perfmodel Layout of a trial on hosts in ring order: rates, racks, and the cross-traffic flows (host index
-    pairs, each both directions) counted on each host link and each uplink they cross; with the RTT measured to the
-    ring neighbour while they ran (the row's `loaded_rtt_s`), half of it as each ring step's queue delay."""
+    pairs, each both directions) counted on each host link and each uplink they cross."""
     from testbed.perfmodel import Layout
 
     n = len(host_names)
@@ -196,8 +195,30 @@ def layout(host_names: list[str], trial_rate_bps: int | None, host_rates: dict[s
         uplink_bps=uplink_bps,
         cross_flows=tuple(flows),
         spine_cross_flows=tuple(spine),
-        queue_delay_s=loaded_rtt_s / 2 if loaded_rtt_s and cross_pairs else 0.0,
     )
+
+
+def _count(value: Any, default: int = 0) -> int:
+    """A row's integer cell: null (None or NaN in a frame) is `default`."""
+    return default if value is None or value != value else int(value)
+
+
+def row_layout(row: Any):
+    """The Layout of a local-cluster trial as its row records it: hosts h0..h(n-1) in ring order (ranks follow host
+    order), each at its --host-bw rate or the trial's, racks of consecutive hosts (cluster.base.rack_members)
+    behind the row's uplink, and the cross-traffic flows where cross_traffic.pairs places them."""
+    from testbed import cross_traffic
+    from testbed.cluster.base import rack_members
+
+    n = _count(row["host_count"], 1)
+    hosts = [f"h{i}" for i in range(n)]
+    text = row.get("host_rates")
+    host_rates = json.loads(text) if isinstance(text, str) else {}
+    racks = _count(row.get("racks"), 1)
+    rack_of = {h: j for j, members in enumerate(rack_members(n, racks)) for h in members} if racks > 1 else {}
+    return layout(hosts, _count(row["rate_bps"]) or None, host_rates,
+                  rack_of=[rack_of.get(h, 0) for h in hosts], uplink_bps=_count(row.get("uplink_bps")) or None,
+                  cross_pairs=cross_traffic.pairs(n, _count(row.get("cross_traffic"))))  # fmt: skip
 
 
 def describe_rates(host_rates: tuple[tuple[str, int | None], ...]) -> str:

@@ -19,6 +19,13 @@ from shaping.plan import LinkShape
 from testbed.errors import InputError
 
 
+def rack_members(n_hosts: int, racks: int) -> list[list[str]]:
+    """The local cluster's hosts of each rack (`up --racks`): consecutive hosts, h0..h(k-1) in the first. Ranks follow
+    host order, so a ring leaves and enters each rack once per step (cluster/topology.py draws it)."""
+    per = n_hosts // racks
+    return [[f"h{i}" for i in range(j * per, (j + 1) * per)] for j in range(racks)]
+
+
 def shared_cpu_threads(ranks: int) -> int:
     """CPU threads each of `ranks` processes gets when they share this machine's cores evenly, at least one: what each
     rank of a local trial runs with, and what a co-located profile of that many ranks measures with."""

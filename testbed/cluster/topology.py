@@ -25,6 +25,7 @@ from shaping import tc
 from shaping.plan import LinkShape
 from shaping.units import format_rate
 from testbed.cluster import registry
+from testbed.cluster.base import rack_members
 from testbed.errors import ClusterError, InputError
 
 UPLINK_IFACE = "up"  # the rack switch's end of its uplink
@@ -46,11 +47,6 @@ def check_racks(n_hosts: int, racks: int | None, uplink_bps: int | None) -> int:
     if uplink_bps is not None and (isinstance(uplink_bps, bool) or not isinstance(uplink_bps, int) or uplink_bps <= 0):
         raise InputError(f"--uplink {uplink_bps!r}: expected a rate > 0, e.g. 4gbit")
     return r
-
-
-def rack_members(n_hosts: int, racks: int) -> list[list[str]]:
-    per = n_hosts // racks
-    return [[f"h{i}" for i in range(j * per, (j + 1) * per)] for j in range(racks)]
 
 
 def racks_record(name: str, n_hosts: int, racks: int, uplink_bps: int | None) -> dict[str, Any] | None:

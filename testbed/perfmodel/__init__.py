@@ -37,12 +37,10 @@ from testbed.perfmodel.collectives import (
     Network,
     allgather_time_s,
     allreduce_time_s,
-    collective_bottlenecks,
     collective_contention_s,
     collective_host_s,
     collective_time_s,
     ring_bottleneck,
-    shaped_network,
 )
 from testbed.perfmodel.crossovers import (
     Crossover,
@@ -127,12 +125,12 @@ __all__ = [
     "SpeedupSummary", "Terms", "TermsByRate",
     "allgather_time_s", "allreduce_time_s", "at", "bus_factor", "calibrated_rate_bps", "calibration_filename",
     "calibration_from_bench", "calibration_from_dict", "calibration_to_dict", "choose_crossing",
-    "collective_bottlenecks", "collective_contention_s", "collective_host_s", "collective_time_s", "compute_done_between", "compute_finish_s",
+    "collective_contention_s", "collective_host_s", "collective_time_s", "compute_done_between", "compute_finish_s",
     "contention_terms", "crossover", "crossover_from_samples", "find_calibrations", "find_crossover",
     "find_profiles", "fit_collectives", "fit_efficiency", "fit_line", "host_per_byte", "load_calibration",
     "load_profile", "log_grid", "model_terms", "pick_calibration", "pick_calibrations", "pick_profile",
     "pool_profiles", "predict_curves", "predict_iteration", "profile_filename", "profile_from_dict",
-    "profile_to_dict", "rate_text", "ring_bottleneck", "save_calibration", "serialized", "shaped_network", "slowest_rank_s", "straggler_s", "summarize",
+    "profile_to_dict", "rate_text", "ring_bottleneck", "save_calibration", "serialized", "slowest_rank_s", "straggler_s", "summarize",
     "synthetic_profile_dict", "terms_for", "comm_rel_spread", "is_extrapolated", "BOUND_TERMS", "crossover_interval", "what_if", "with_codec_speedup", "with_compute_speedup",
     "without_lockstep_floors",
 ]  # fmt: skip

@@ -151,24 +151,20 @@ class Layout:
     - `rack_of[i]`: host i's rack (empty: one switch); `uplink_bps`: each rack's spine link, each direction
       (None: unshaped);
     - `cross_flows[i]`: bulk TCP flows of cross traffic on host i's link, each direction (iperf3 --bidir);
-      `spine_cross_flows[r]`: those that also cross rack r's uplink, each direction;
-    - `queue_delay_s`: what each ring step waits behind the cross traffic's standing queue, one way: half the RTT
-      measured to the ring neighbour while the flows run (the row's `loaded_rtt_s`; 0: no cross traffic).
+      `spine_cross_flows[r]`: those that also cross rack r's uplink, each direction.
 
-    A link shared by k other TCP flows leaves the ring's one flow 1/(k+1) of it (TCP's fair share), and every ring
-    step waits `queue_delay_s` more (a latency term: 2(p-1) per all-reduce round, p-1 per all-gather round)."""
+    A link shared by k other TCP flows leaves the ring's one flow 1/(k+1) of it (TCP's fair share): that names the
+    link that bounds the ring. What the flows leave a collective is measured, not derived from the share
+    (`testbed calibrate --cross-traffic N`; docs/topologies.md)."""
 
     host_rates_bps: tuple[float | None, ...]
     rack_of: tuple[int, ...] = ()
     uplink_bps: float | None = None
     cross_flows: tuple[int, ...] = ()
     spine_cross_flows: tuple[int, ...] = ()
-    queue_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         n = len(self.host_rates_bps)
-        if not (self.queue_delay_s >= 0 and math.isfinite(self.queue_delay_s)):
-            raise InputError(f"queue delay {self.queue_delay_s!r} s: expected a finite number >= 0")
         if n < 1:
             raise InputError("a layout needs at least one host")
         for r in (*self.host_rates_bps, self.uplink_bps):
@@ -243,23 +239,3 @@ def ring_bottleneck(layout: Layout) -> Bottleneck:
                         f"step{'s' * (steps != 1)}{extra})",
                     )
     return best
-
-
-def collective_bottlenecks(layout: Layout) -> dict[str, Bottleneck]:
-    """The bounding link of each collective: ring all-reduce and ring all-gather cross the same edges each step."""
-    b = ring_bottleneck(layout)
-    return {c: b for c in COLLECTIVES}
-
-
-def shaped_network(net: Network, layout: Layout) -> tuple[Network, Bottleneck]:
-    """`net` with its bandwidth set to what the layout's bottleneck leaves the ring (unchanged when nothing in the
-    layout is shaped, or when `net` is already slower) and its per-step latency raised by the layout's queue delay,
-    and that bottleneck."""
-    import dataclasses
-
-    if layout.queue_delay_s:
-        net = dataclasses.replace(net, latency_s=net.latency_s + layout.queue_delay_s)
-    b = ring_bottleneck(layout)
-    if not b.bounded or b.rate_bps > net.bandwidth_bps:
-        return net, Bottleneck(net.bandwidth_bps, "every host link (flat)")
-    return dataclasses.replace(net, bandwidth_bps=float(b.rate_bps)), b

@@ -44,7 +44,19 @@ from testbed.report.analysis import (
 from testbed.report.figures import plot_phases, plot_scaling, plot_time_vs_bandwidth, variant_colors
 from testbed.report.predicted import ModelSettings, fit_efficiency_from_trials, prediction_errors
 from testbed.report.searches import load_searches, search_notes, searches_of
-from testbed.report.shapes import split_shapes, straggler_figures, straggler_markdown, straggler_points
+from testbed.report.shapes import (
+    combined_shapes,
+    cross_figures,
+    cross_markdown,
+    cross_points,
+    rack_figures,
+    rack_markdown,
+    rack_points,
+    split_shapes,
+    straggler_figures,
+    straggler_markdown,
+    straggler_points,
+)
 from testbed.report.timeline import asked_trials, report_timelines
 
 __all__ = [
@@ -150,6 +162,13 @@ def build_report(
     figures += tl_figures
     stragglers = straggler_points(ok, shaped, profiles, s)
     figures += straggler_figures(stragglers, out)
+    racks = rack_points(ok, shaped, profiles, s)
+    figures += rack_figures(racks, out)
+    crosses = cross_points(ok, shaped, profiles, s)
+    figures += cross_figures(crosses, out)
+    if combined := combined_shapes(shaped):
+        notes.append(f"{combined} trial(s) combine shapes (a straggler, racks, cross traffic): listed in the results, "
+                     "drawn in none of the shape figures")  # fmt: skip
     notes += tl_notes
     if any(r["measured_bps"] for r in cx_rows) and (agg["trials"] < 2).all():
         notes.append(
@@ -216,10 +235,12 @@ def build_report(
     if tta["markdown"]:
         with open(out / "summary.md", "a") as f:
             f.write(tta["markdown"])
-    if not stragglers.empty:
-        stragglers.to_csv(out / "stragglers.csv", index=False)
-        with open(out / "summary.md", "a") as f:
-            f.write(straggler_markdown(stragglers))
+    for name, points, markdown in (("stragglers", stragglers, straggler_markdown), ("racks", racks, rack_markdown),
+                                   ("cross_traffic", crosses, cross_markdown)):  # fmt: skip
+        if not points.empty:
+            points.to_csv(out / f"{name}.csv", index=False)
+            with open(out / "summary.md", "a") as f:
+                f.write(markdown(points))
     render.write_html(
         out / "report.html",
         headline=head,
@@ -241,7 +262,8 @@ def build_report(
         wins,
         configs,
         tuple(notes),
-        {"speedups": matrix, "errors": errors, "crossovers": crossovers, "stragglers": stragglers, **tta["tables"]},
+        {"speedups": matrix, "errors": errors, "crossovers": crossovers, "stragglers": stragglers, "racks": racks,
+         "cross_traffic": crosses, **tta["tables"]},
     )
 
 

@@ -28,16 +28,23 @@ class ModelSettings:
     hook_blocks_backward: bool = True
     calibrations: tuple[pm.Calibration, ...] = ()
 
-    def terms(self, world_size: int) -> pm.ModelTerms | pm.TermsByRate:
-        return pm.terms_for(self.calibrations, int(world_size), latency_s=self.latency_s, efficiency=self.efficiency)
+    def terms(self, world_size: int, cross_traffic: int = 0) -> pm.ModelTerms | pm.TermsByRate:
+        """`cross_traffic` N > 0: the terms of calibrations measured beside N flows (the defaults without one: ask
+        `calibrated_beside` first)."""
+        return pm.terms_for(self.calibrations, int(world_size), latency_s=self.latency_s, efficiency=self.efficiency,
+                            cross_traffic=int(cross_traffic))  # fmt: skip
+
+    def calibrated_beside(self, world_size: int, cross_traffic: int) -> bool:
+        """Whether a calibration measured beside `cross_traffic` flows is there for `world_size` ranks."""
+        return bool(pm.pick_calibrations(self.calibrations, int(world_size), cross_traffic=int(cross_traffic)))
 
 
 def _delay(delay_s) -> float:
     return 0.0 if delay_s is None or (isinstance(delay_s, float) and math.isnan(delay_s)) else float(delay_s)
 
 
-def network(ws: int, bps: float, delay_s: float, s: ModelSettings) -> pm.Network:
-    return s.terms(ws).network(int(ws), float(bps), _delay(delay_s))
+def network(ws: int, bps: float, delay_s: float, s: ModelSettings, cross_traffic: int = 0) -> pm.Network:
+    return s.terms(ws, cross_traffic).network(int(ws), float(bps), _delay(delay_s))
 
 
 def crossover_terms(ws: int, delay_s: float, s: ModelSettings) -> pm.Terms:
@@ -56,18 +63,20 @@ def effective_rate(rate_bps: float, goodput_bps: float | None) -> float:
 
 
 def predicted_iteration(profiles: Sequence[pm.Profile], s: ModelSettings, model: str, batch_size, world_size,
-                        variant: str, compressor: str, bps: float, delay_s) -> tuple[pm.Prediction, pm.Profile] | None:
+                        variant: str, compressor: str, bps: float, delay_s,
+                        cross_traffic: int = 0) -> tuple[pm.Prediction, pm.Profile] | None:  # fmt: skip
     """The model's iteration for one configuration at `bps` (the closest profile of the model; None without one, or
-    when it lacks the compressor), and the profile it used."""
+    when it lacks the compressor), and the profile it used; beside `cross_traffic` flows with the terms calibrated
+    beside as many (ModelSettings.calibrated_beside)."""
     prof = pm.pick_profile(profiles, model, int(batch_size), int(world_size))
     if prof is None or compressor not in prof.compressor_names():
         return None
     return pm.predict_iteration(
         variant_profile(prof, variant),
         compressor,
-        network(world_size, bps, delay_s, s),
+        network(world_size, bps, delay_s, s, cross_traffic),
         hook_blocks_backward=s.hook_blocks_backward,
-        comm_rel_spread=s.terms(int(world_size)).comm_rel_spread,
+        comm_rel_spread=s.terms(int(world_size), cross_traffic).comm_rel_spread,
     ), prof
 
 

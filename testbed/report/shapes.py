@@ -1,10 +1,17 @@
 """Cluster shapes in the report (issue 36): trials with a straggler link, cross traffic or racks are kept apart from
-the flat curves (a straggler trial at --bw 1gbit is not a 1 Gbit/s point), and drawn as iteration time against the
-straggler's rate, per compressor, beside the flat trial at the same rate, measured and predicted.
+the flat curves (a straggler trial at --bw 1gbit is not a 1 Gbit/s point), and drawn per compressor, measured and
+predicted, with the link that bounded the ring:
 
-The prediction of a straggler trial: a ring steps at the pace of its slowest link (perfmodel.ring_bottleneck), so it is
-the flat prediction at the straggler's rate (compute unchanged), with the terms calibrated at that rate; the bounding
-link is the straggler's."""
+- straggler trials against the straggler's rate, the flat trial at the same rate as the right end;
+- rack trials against the oversubscription (a rack's host rates over its uplink);
+- cross-traffic trials against the number of flows, the flat trial at the same rate as 0 flows.
+
+The prediction of a straggler or rack trial: a ring steps at the pace of its slowest link (perfmodel.ring_bottleneck:
+the slowest host link, the spine's share per cross-rack ring step), so it is the flat prediction at that link's rate
+(compute unchanged), with the terms calibrated at that rate. A cross-traffic trial is predicted with the terms of a
+calibration measured beside as many flows (`testbed calibrate --cross-traffic N`: what the flows leave a collective
+of each size, their standing queue included), and not predicted without one (said in the bounding-link column). A
+trial that combines shapes (a straggler beside cross traffic, racks with either) is counted in a note, not drawn."""
 
 from __future__ import annotations
 
@@ -16,8 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from testbed import perfmodel as pm
+from testbed import trial_shape
 from testbed.report.analysis import fmt_rate
-from testbed.report.predicted import ModelSettings, predicted_iteration
+from testbed.report.predicted import ModelSettings, effective_rate, predicted_iteration
 
 SHAPE_COLUMNS = ("host_rates", "cross_traffic", "racks")
 
@@ -119,3 +127,167 @@ def straggler_markdown(points: pd.DataFrame) -> str:
                      f"| {fmt_rate(r.straggler_bps)} | {r.trials} | {r.measured_ms:.0f} | {pred} | {err} "
                      f"| {r.bounding_link} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ racks, cross traffic
+RACK_COLUMNS = ["model", "batch_size", "world_size", "rate_bps", "variant", "racks", "oversubscription", "trials",
+                "measured_ms", "flat_ms", "predicted_ms", "error_pct", "bounding_link"]  # fmt: skip
+CROSS_COLUMNS = ["model", "batch_size", "world_size", "rate_bps", "variant", "cross_traffic", "trials",
+                 "measured_ms", "flat_ms", "predicted_ms", "error_pct", "bounding_link"]  # fmt: skip
+_GROUP = ["model", "batch_size", "world_size", "rate_bps"]
+
+
+def _kinds(df: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """(straggler link, cross traffic, racks) masks of shaped rows."""
+    none = pd.Series(False, index=df.index)
+    slow = df["host_rates"].notna() if "host_rates" in df else none
+    cross = df["cross_traffic"].fillna(0) > 0 if "cross_traffic" in df else none
+    racks = df["racks"].fillna(1) > 1 if "racks" in df else none
+    return slow, cross, racks
+
+
+def combined_shapes(shaped: pd.DataFrame) -> int:
+    """How many shaped rows combine two shapes (drawn nowhere: the report's note says so)."""
+    if shaped.empty:
+        return 0
+    slow, cross, racks = _kinds(shaped)
+    return int(((slow.astype(int) + cross.astype(int) + racks.astype(int)) > 1).sum())
+
+
+def _flat_ms(flat: pd.DataFrame, key: tuple) -> float:
+    model, bs, ws, rate, variant = key
+    f = flat[(flat["model"] == model) & (flat["batch_size"] == bs) & (flat["world_size"] == ws)
+             & (flat["rate_bps"] == rate) & (flat["variant"] == variant)]  # fmt: skip
+    return float(f["t_s"].median()) * 1e3 if len(f) else math.nan
+
+
+def _point(g: pd.DataFrame, key: tuple, flows: int, profiles: Sequence[pm.Profile], s: ModelSettings,
+           flat_ms: float) -> dict:  # fmt: skip
+    """One configuration's measured median, the flat median at its rate, and the prediction at the link that bounds
+    its ring (beside `flows` flows: with the terms calibrated beside as many, at the trial's rate)."""
+    model, bs, ws, rate, variant = key
+    b = pm.ring_bottleneck(trial_shape.row_layout(g.iloc[0]))
+    goodput = g["measured_goodput_bps"].median() if "measured_goodput_bps" in g else None
+    link = b.link if b.bounded else "unshaped"
+    bps = b.rate_bps if b.bounded and not flows else effective_rate(rate, goodput)
+    predicted = math.nan
+    if flows and not s.calibrated_beside(int(ws), flows):
+        link += f"; not predicted: no calibration beside {flows} flows (testbed calibrate --cross-traffic {flows})"
+    elif bps > 0:
+        full = predicted_iteration(profiles, s, model, bs, ws, variant, g["compressor"].iloc[0], bps,
+                                   g["delay_s"].median(), flows)  # fmt: skip
+        predicted = full[0].iter_time_s * 1e3 if full else math.nan
+        link += ", calibrated beside them" if flows and full else ""
+    measured = float(g["t_s"].median()) * 1e3
+    return {"model": model, "batch_size": int(bs), "world_size": int(ws), "rate_bps": rate, "variant": variant,
+            "trials": len(g), "measured_ms": measured, "flat_ms": flat_ms, "predicted_ms": predicted,
+            "error_pct": (predicted - measured) / measured * 100, "bounding_link": link}  # fmt: skip
+
+
+def rack_points(flat: pd.DataFrame, shaped: pd.DataFrame, profiles: Sequence[pm.Profile] = (),
+                s: ModelSettings | None = None) -> pd.DataFrame:  # fmt: skip
+    """Per (model, batch size, world size, rate, variant, racks, oversubscription): the rack trials (no straggler
+    link, no cross traffic), measured against predicted at the ring's bottleneck (the spine's share per cross-rack
+    step where it is slower than a host link), beside the flat trials' median at the rate."""
+    s = s or ModelSettings()
+    if shaped.empty:
+        return pd.DataFrame(columns=RACK_COLUMNS)
+    slow, cross, racks = _kinds(shaped)
+    rows = shaped[racks & ~slow & ~cross]
+    out = []
+    for key, g in rows.groupby([*_GROUP, "variant", "racks", "oversubscription"], dropna=False):
+        point = _point(g, key[:5], 0, profiles, s, _flat_ms(flat, key[:5]))
+        out.append({**point, "racks": int(key[5]), "oversubscription": key[6]})
+    return pd.DataFrame(out, columns=RACK_COLUMNS)
+
+
+def cross_points(flat: pd.DataFrame, shaped: pd.DataFrame, profiles: Sequence[pm.Profile] = (),
+                 s: ModelSettings | None = None) -> pd.DataFrame:  # fmt: skip
+    """Per (model, batch size, world size, rate, variant, flows): the cross-traffic trials (one switch, no straggler
+    link) and the flat trials at the rate as 0 flows, measured against predicted (beside N flows: with the terms
+    calibrated beside N; not predicted without such a calibration)."""
+    s = s or ModelSettings()
+    if shaped.empty:
+        return pd.DataFrame(columns=CROSS_COLUMNS)
+    slow, cross, racks = _kinds(shaped)
+    rows = shaped[cross & ~slow & ~racks]
+    if rows.empty:
+        return pd.DataFrame(columns=CROSS_COLUMNS)
+    base = flat.merge(rows[_GROUP].drop_duplicates(), on=_GROUP).assign(cross_traffic=0)
+    out = []
+    for key, g in pd.concat([rows, base], ignore_index=True).groupby([*_GROUP, "variant", "cross_traffic"]):
+        point = _point(g, key[:5], int(key[5]), profiles, s, _flat_ms(flat, key[:5]))
+        if not key[5] and key[3]:
+            point["bounding_link"] = "every host link (flat)"
+        out.append({**point, "cross_traffic": int(key[5])})
+    return pd.DataFrame(out, columns=CROSS_COLUMNS)
+
+
+def _shape_figures(points: pd.DataFrame, x: str, xlabel: str, stem: str, what: str, out: Path,
+                   xscale: str = "linear") -> list[tuple[str, Path]]:  # fmt: skip
+    """One figure per (model, batch size, world size, rate): the median iteration time against `x`, a line per
+    compressor (measured: solid with markers, predicted: dashed)."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    points = points[points[x].notna()]
+    for (model, bs, ws, rate), g in points.groupby(_GROUP):
+        fig = Figure(figsize=(6, 4))
+        ax = fig.add_subplot()
+        for variant, gc in g.groupby("variant"):
+            pts = gc.sort_values(x)
+            (line,) = ax.plot(pts[x], pts["measured_ms"], marker="o", label=variant)
+            if pts["predicted_ms"].notna().any():
+                ax.plot(pts[x], pts["predicted_ms"], linestyle="--", color=line.get_color(),
+                        label=f"{variant} (predicted)")  # fmt: skip
+        ax.set_xscale(xscale)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("iteration time (ms, median)")
+        ax.set_title(f"{model} bs{int(bs)}, {int(ws)} ranks, host links at {fmt_rate(rate)}")
+        ax.legend(fontsize="small")
+        ax.grid(True, which="both", alpha=0.3)
+        path = out / f"{stem}_{model}_bs{int(bs)}_p{int(ws)}_{int(rate)}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        figures.append((f"{model} bs{int(bs)}, {int(ws)} ranks: iteration time vs {what}", path))
+    return figures
+
+
+def rack_figures(points: pd.DataFrame, out: Path) -> list[tuple[str, Path]]:
+    return _shape_figures(points, "oversubscription", "oversubscription (a rack's host rates / its uplink)",
+                          "racks", "the spine's oversubscription", out, xscale="log")  # fmt: skip
+
+
+def cross_figures(points: pd.DataFrame, out: Path) -> list[tuple[str, Path]]:
+    return _shape_figures(points, "cross_traffic", "bulk TCP flows of cross traffic (0: the flat trials)",
+                          "cross_traffic", "flows of cross traffic", out)  # fmt: skip
+
+
+def _shape_markdown(points: pd.DataFrame, title: str, x: str, x_head: str, x_text) -> str:
+    lines = ["", f"## {title}", "",
+             f"| workload | ranks | host links | compressor | {x_head} | trials | measured ms | flat ms | predicted ms "
+             "| error | bounding link |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in points.sort_values([*_GROUP, "variant", x]).to_dict("records"):
+        cell = {k: "" if isinstance(r[k], float) and math.isnan(r[k]) else r[k]
+                for k in ("flat_ms", "predicted_ms", "error_pct")}  # fmt: skip
+        flat = f"{cell['flat_ms']:.0f}" if cell["flat_ms"] != "" else ""
+        pred = f"{cell['predicted_ms']:.0f}" if cell["predicted_ms"] != "" else ""
+        err = f"{cell['error_pct']:+.0f} %" if cell["error_pct"] != "" else ""
+        lines.append(f"| {r['model']} bs{r['batch_size']} | {r['world_size']} | {fmt_rate(r['rate_bps'])} "
+                     f"| {r['variant']} | {x_text(r)} | {r['trials']} | {r['measured_ms']:.0f} | {flat} | {pred} "
+                     f"| {err} | {r['bounding_link']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def rack_markdown(points: pd.DataFrame) -> str:
+    def ratio(r: dict) -> str:
+        over = r["oversubscription"]
+        spine = "unshaped spine" if over is None or over != over else f"1:{over:g}"
+        return f"{r['racks']} racks, {spine}"
+
+    return _shape_markdown(points, "Racks behind a spine", "oversubscription", "racks", ratio)
+
+
+def cross_markdown(points: pd.DataFrame) -> str:
+    return _shape_markdown(points, "Cross traffic", "cross_traffic", "flows",
+                           lambda r: "0 (flat)" if r["cross_traffic"] == 0 else str(r["cross_traffic"]))  # fmt: skip

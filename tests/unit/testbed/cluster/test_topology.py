@@ -68,32 +68,26 @@ def test_cross_traffic_over_the_spine_is_counted_there():
     assert "spine" in b.link
 
 
-def test_shaped_network_replaces_the_bandwidth_and_keeps_the_rest():
-    net = pm.Network(4, 100 * M, latency_s=1e-4, efficiency=0.9)
-    slow, b = pm.shaped_network(net, pm.Layout((100 * M, 100 * M, 100 * M, 10 * M)))
-    assert slow.bandwidth_bps == 10 * M and slow.latency_s == 1e-4 and slow.efficiency == 0.9
-    assert b.link.startswith("h3")
-    same, flat = pm.shaped_network(net, pm.Layout((None,) * 4))
-    assert same is net and flat.rate_bps == 100 * M
-    # the collective time follows the slowest link
-    assert pm.collective_time_s("allreduce", 1e6, 1, slow) > 9 * pm.collective_time_s("allreduce", 1e6, 1, net)
-    assert set(pm.collective_bottlenecks(pm.Layout((1 * M, 2 * M)))) == set(pm.COLLECTIVES)
-
-
-def test_cross_traffic_queue_delay_is_half_the_loaded_rtt_on_every_ring_step():
-    four = ["h0", "h1", "h2", "h3"]
-    lay = trial_shape.layout(four, 20 * M, {}, cross_pairs=cross_traffic.pairs(4, 1), loaded_rtt_s=0.030)
-    assert lay.queue_delay_s == pytest.approx(0.015)
-    assert trial_shape.layout(four, 20 * M, {}, loaded_rtt_s=0.030).queue_delay_s == 0.0  # no flows, no queue
-    net = pm.Network(4, 20 * M, latency_s=1e-4)
-    loaded, _ = pm.shaped_network(net, lay)
-    assert loaded.latency_s == pytest.approx(1e-4 + 0.015) and loaded.bandwidth_bps == 10 * M  # the fair share too
-    # a small all-reduce (latency-bound) pays 2(p-1) = 6 waits of 15 ms; an all-gather p-1 = 3
-    ar = pm.allreduce_time_s(1e3, 4, 10 * M, loaded.latency_s) - pm.allreduce_time_s(1e3, 4, 10 * M, 1e-4)
-    ag = pm.allgather_time_s(1e3, 4, 10 * M, loaded.latency_s) - pm.allgather_time_s(1e3, 4, 10 * M, 1e-4)
-    assert ar == pytest.approx(6 * 0.015) and ag == pytest.approx(3 * 0.015)
-    with pytest.raises(InputError, match="queue delay"):
-        pm.Layout((1 * M, 1 * M), queue_delay_s=-1.0)
+def test_a_rows_layout_is_the_trials_rates_racks_and_flows():
+    # a straggler row: h2 at 10 Mbit/s, the others at the trial's 100; the ring steps at h2's pace
+    row = {"host_count": 4, "rate_bps": 100 * M, "host_rates": f'{{"h2": {10 * M}}}', "racks": 1,
+           "uplink_bps": None, "cross_traffic": 0}  # fmt: skip
+    lay = trial_shape.row_layout(row)
+    assert lay.host_rates_bps == (100 * M, 100 * M, 10 * M, 100 * M)
+    assert pm.ring_bottleneck(lay).link.startswith("h2 link")
+    # racks of consecutive hosts behind a 1:4 spine, as `up --racks 2 --uplink 50mbit` builds them; nulls of a
+    # frame (NaN) read as absent
+    rack_row = {"host_count": 4, "rate_bps": 100 * M, "host_rates": float("nan"), "racks": 2, "uplink_bps": 50 * M,
+                "cross_traffic": float("nan")}  # fmt: skip
+    lay = trial_shape.row_layout(rack_row)
+    assert lay.rack_of == (0, 0, 1, 1) and lay.uplink_bps == 50 * M and lay.cross_flows == (0,) * 4
+    b = pm.ring_bottleneck(lay)
+    assert b.rate_bps == 50 * M and b.link.startswith("spine uplink of rack 0")
+    # cross traffic where the launcher starts it: flow k from host k mod n to the host half the ring away
+    lay = trial_shape.row_layout({**row, "host_rates": None, "cross_traffic": 4})
+    assert lay.cross_flows == (2, 2, 2, 2) and pm.ring_bottleneck(lay).rate_bps == pytest.approx(100 * M / 3)
+    # an unshaped trial: nothing bounds the ring
+    assert not pm.ring_bottleneck(trial_shape.row_layout({**row, "rate_bps": 0, "host_rates": None})).bounded
 
 
 def test_loaded_rtt_is_the_median_of_pings_after_the_queue_builds():

@@ -55,3 +55,72 @@ def test_without_a_profile_the_stragglers_are_drawn_measured_only(tmp_path):
     pts = rep.tables["stragglers"]
     assert len(pts) == 6 and pts["predicted_ms"].map(math.isnan).all()
     assert any(p.name.startswith("straggler_") for p in rep.figures)
+
+
+def _rack_and_cross_frame() -> pd.DataFrame:
+    """Flat trials at 100 Mbit/s, 4 hosts; two racks behind spines at 1:1 and 1:4 (uplinks 200 and 50 Mbit/s); 1 and
+    4 flows of cross traffic on the flat switch; and one trial combining racks with cross traffic."""
+    rows = []
+    for i, (comp, t) in enumerate((("syncsgd", 4.0), ("fp16", 2.0))):
+        rows.append(row(20 * i, "resnet18", 4, 100 * M, comp, t))
+        for j, (uplink, over) in enumerate(((200 * M, 1.0), (50 * M, 4.0))):
+            rows.append({**row(20 * i + 1 + j, "resnet18", 4, 100 * M, comp, t * (1 + j)), "racks": 2,
+                         "uplink_bps": uplink, "oversubscription": over, "cross_traffic": 0})  # fmt: skip
+        for j, k in enumerate((1, 4)):
+            rows.append({**row(20 * i + 5 + j, "resnet18", 4, 100 * M, comp, t * (1.5 + j)), "racks": 1,
+                         "cross_traffic": k, "cross_traffic_pairs": "h0<->h2"})  # fmt: skip
+        rows.append({**row(20 * i + 9, "resnet18", 4, 100 * M, comp, 9.0), "racks": 2, "uplink_bps": 50 * M,
+                     "oversubscription": 4.0, "cross_traffic": 1})  # fmt: skip
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _beside(flows: int) -> pm.Calibration:
+    """A calibration of 4 ranks at 100 Mbit/s beside `flows` flows: a 20 ms step and 30 Mbit/s of bus bandwidth."""
+    from tests.unit.testbed.perfmodel.test_calibration import synthetic_bench
+
+    return pm.calibration_from_bench(synthetic_bench(4, 20e-3, 0.3e8, 0.3e8, 1e-9, 0.0), cluster="c",
+                                     rate_bps=100 * M, cross_traffic=flows)  # fmt: skip
+
+
+def test_rack_trials_are_predicted_at_the_spines_share_and_drawn_against_the_oversubscription(tmp_path):
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict(model="resnet18", batch_size=32))
+    rep = build_report(_rack_and_cross_frame(), tmp_path, profiles=[prof])
+    pts = rep.tables["racks"].set_index(["variant", "oversubscription"])
+    assert len(pts) == 4  # two compressors x (1:1, 1:4); the trial with cross traffic beside racks is not one
+    # 1:1: the uplink carries both ring steps that leave the rack at 100 Mbit/s each: the host links bound the ring
+    one = pts.loc[("syncsgd", 1.0)]
+    assert one["bounding_link"].startswith("h0 link") and one["flat_ms"] == pytest.approx(4000)
+    flat = pm.predict_iteration(prof, "syncsgd", pm.model_terms(None).network(4, 100 * M), hook_blocks_backward=True)
+    assert one["predicted_ms"] == pytest.approx(flat.iter_time_s * 1e3)
+    # 1:4: a 50 Mbit/s uplink, one ring step leaving each rack: the spine bounds the ring at 50 Mbit/s
+    four = pts.loc[("syncsgd", 4.0)]
+    assert four["bounding_link"].startswith("spine uplink of rack 0") and four["measured_ms"] == pytest.approx(8000)
+    slow = pm.predict_iteration(prof, "syncsgd", pm.model_terms(None).network(4, 50 * M), hook_blocks_backward=True)
+    assert four["predicted_ms"] == pytest.approx(slow.iter_time_s * 1e3) and slow.iter_time_s > flat.iter_time_s
+    summary = rep.markdown.read_text()
+    assert "## Racks behind a spine" in summary and "| 2 racks, 1:4 |" in summary
+    assert (tmp_path / "racks.csv").is_file()
+    assert any(p.name == "racks_resnet18_bs32_p4_100000000.png" for p in rep.figures)
+    assert any("combine shapes" in n for n in rep.notes)  # the racks + cross traffic trials, said, not drawn
+
+
+def test_cross_traffic_trials_are_predicted_only_from_a_calibration_beside_as_many_flows(tmp_path):
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict(model="resnet18", batch_size=32))
+    rep = build_report(_rack_and_cross_frame(), tmp_path, profiles=[prof], calibrations=[_beside(1)])
+    pts = rep.tables["cross_traffic"].set_index(["variant", "cross_traffic"])
+    assert len(pts) == 6  # two compressors x (0 flows: the flat trials, 1 flow, 4 flows)
+    assert pts.loc[("syncsgd", 0), "bounding_link"] == "every host link (flat)"
+    assert pts.loc[("syncsgd", 0), "measured_ms"] == pytest.approx(4000)
+    # beside 1 flow: predicted with the terms calibrated beside 1 flow, at the trial's rate
+    one = pts.loc[("syncsgd", 1)]
+    net = pm.terms_for([_beside(1)], 4, cross_traffic=1).network(4, 100 * M)
+    want = pm.predict_iteration(prof, "syncsgd", net, hook_blocks_backward=True).iter_time_s
+    assert one["predicted_ms"] == pytest.approx(want * 1e3) and one["measured_ms"] == pytest.approx(6000)
+    assert one["bounding_link"].endswith("calibrated beside them")
+    assert one["predicted_ms"] > pts.loc[("syncsgd", 0), "predicted_ms"]  # slower than the flat prediction
+    # beside 4 flows there is no calibration: not predicted, and the row says which command would measure it
+    four = pts.loc[("syncsgd", 4)]
+    assert math.isnan(four["predicted_ms"]) and "testbed calibrate --cross-traffic 4" in four["bounding_link"]
+    summary = rep.markdown.read_text()
+    assert "## Cross traffic" in summary and "| 0 (flat) |" in summary
+    assert any(p.name == "cross_traffic_resnet18_bs32_p4_100000000.png" for p in rep.figures)
