@@ -8,11 +8,15 @@ cross traffic; sync SGD, PowerSGD, ACP-SGD, signSGD and Top-K.
 
 The prediction per trial: the compressor's measured flat iteration time (every link at --bw, no cross traffic; the
 median of --flat-launches launches, seeds 0..K-1: one launch's compute speed can differ from the next one's by 20 %
-and more with 4 ranks on 2 cores), plus the change of its collective's time when the ring's bottleneck
-(testbed.perfmodel.ring_bottleneck: the slowest host link, the spine's share per cross-rack step) replaces the flat
-rate:
+and more with 4 ranks on 2 cores), plus what its collective at the ring's bottleneck (testbed.perfmodel.ring_bottleneck:
+the slowest host link, the spine's share per cross-rack step) takes beyond the flat launches' measured time on the
+wire (`predict`; the wait for shared cores that the flat wire time holds hides under a slower link's transfer):
 
-    t_pred(shape) = median t_meas(flat) + T_coll(payload, n, terms at B_bottleneck) - T_coll(payload, n, terms at B_flat)
+    t_pred(shape) = median t_meas(flat) + max(0, T_coll(payload, n, terms at B_bottleneck) - wire_meas(flat))
+
+(sync SGD's rows carry no wire time: there the change T_coll(at B_bottleneck) - T_coll(at B_flat); the first runs used
+that change for every compressor, and over-predicted the small-message compressors' straggler trials by 18-28 %
+while their launches agreed within 10 %, docs/benchmarks.md)
 
 (T_coll: ring all-reduce, or all-gather for signSGD and Top-K, with their rounds, with the terms `testbed calibrate`
 measured on the flat cluster at that rate: before the trials the bench calibrates every link at each rate a bottleneck
@@ -114,17 +118,35 @@ def base_s(launches: list[dict]) -> float:
     return statistics.median(r["iter_time_s_p50"] for r in launches)
 
 
+def flat_wire_s(launches: list[dict]) -> float | None:
+    """The flat launches' median time on the wire per iteration (the row's comm_wire_s: the union of the rank's
+    collectives, issue to completion, compute contention included); None where the rows lack it (sync SGD's built-in
+    all-reduce has no hook marks)."""
+    wire = [r["comm_wire_s"] for r in launches if r.get("comm_wire_s") is not None and r["comm_wire_s"] == r["comm_wire_s"]]
+    return statistics.median(wire) if wire else None
+
+
 def predict(launches: list[dict], comp: str, terms, n: int, flat_bps: float, lay: pm.Layout,
             beside=None) -> tuple[float, str]:  # fmt: skip
-    """`beside`: the terms calibrated beside the trial's cross traffic (at the flat rate), which replace the flat
-    ones for the shaped trial."""
+    """The shaped trial's iteration time from the flat launches: their median plus what the collective at the ring's
+    bottleneck (`beside`: with the terms calibrated beside the trial's cross traffic, at the flat rate) takes beyond
+    the flat launches' measured time on the wire,
+
+        t = median t_flat + max(0, T_coll(bottleneck) - wire_flat)
+
+    On the wire, a flat launch's collective also waits for the cores the other ranks compute on (4 ranks on 2 cores);
+    that wait hides under a slower link's transfer instead of adding to it. Where the rows carry no wire time (sync
+    SGD), the change of the calibrated collective: t = median t_flat + T_coll(bottleneck) - T_coll(flat)."""
     b = pm.ring_bottleneck(lay)
     payload = launches[0]["payload_bytes_per_iter"] or 0.0
-    flat = coll_s(comp, payload, terms, n, flat_bps)
     if beside is not None:
-        return base_s(launches) + coll_s(comp, payload, beside, n, flat_bps) - flat, f"{b.link}, calibrated beside them"
-    rate = b.rate_bps if b.bounded else flat_bps
-    return base_s(launches) + coll_s(comp, payload, terms, n, rate) - flat, b.link
+        t_b, link = coll_s(comp, payload, beside, n, flat_bps), f"{b.link}, calibrated beside them"
+    else:
+        t_b, link = coll_s(comp, payload, terms, n, b.rate_bps if b.bounded else flat_bps), b.link
+    wire = flat_wire_s(launches)
+    if wire is None:
+        return base_s(launches) + t_b - coll_s(comp, payload, terms, n, flat_bps), link
+    return base_s(launches) + max(0.0, t_b - wire), link
 
 
 def main() -> int:
@@ -139,6 +161,8 @@ def main() -> int:
                    help="seconds per trial (run --timeout; default 3600): sync SGD of ResNet-18 with a straggler at "
                         "10 Mbit/s steps about a minute, and `run`'s own default of 600 s stopped it (2026-12-04)")
     p.add_argument("--smoke", action="store_true", help="one point per shape (1/10, 1:4, 1 flow)")
+    p.add_argument("--shapes", default="stragglers,racks,cross",
+                   help="which shapes to measure, comma-separated (default: all three)")
     p.add_argument("--cross-sizes", default="1mb,4mb,25mb",
                    help="message sizes of the calibrations beside cross traffic, up to the trials' DDP bucket "
                         "(default %(default)s, 2 reps: beside one flow a 4 MB all-reduce got 61 Mbit/s of busbw, "
@@ -158,10 +182,15 @@ def main() -> int:
     for flag, k in (("--flat-launches", args.flat_launches), ("--launches", args.launches)):
         if k < 1:
             p.error(f"{flag} {k}: expected 1 or more")
+    shapes = set(args.shapes.split(","))
+    if not shapes or not shapes <= {"stragglers", "racks", "cross"}:
+        p.error(f"--shapes {args.shapes}: expected a comma-separated subset of stragglers,racks,cross")
     comps = args.compressors.split(",")
     n, flat_bps = args.hosts, parse_rate_bps(args.bw, "--bw")
     hosts = [f"h{i}" for i in range(n)]
     stragglers, oversubs, crosses = ((10,), (4,), (1,)) if args.smoke else (STRAGGLER, OVERSUB, CROSS[1:])
+    stragglers, oversubs, crosses = (v if k in shapes else () for k, v in
+                                     (("stragglers", stragglers), ("racks", oversubs), ("cross", crosses)))  # fmt: skip
     errors: list[float] = []
     tables: list[str] = []
     out = args.out or Path(tempfile.mkdtemp(prefix="benchtopo-"))

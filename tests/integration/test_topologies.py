@@ -7,6 +7,7 @@ shaped link imposes (upper bounds on what gets through), never wall-clock times.
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import threading
@@ -105,7 +106,7 @@ def test_cross_traffic_module_starts_and_stops_its_flows(make_cluster, tmp_path)
     assert not pids_in_netns(hosts[0].netns) and not pids_in_netns(hosts[1].netns)
 
 
-def test_racks_behind_an_oversubscribed_spine(testbed_cli, make_cluster):
+def test_racks_behind_an_oversubscribed_spine(testbed_cli, make_cluster, tmp_path):
     # 2 racks of 2 hosts at 20 Mbit/s, uplink 10 Mbit/s: 40/10 = 1:4
     name = make_cluster(4, "--bw", "20mbit", "--racks", "2", "--uplink", "10mbit")
     assert cluster_netns(name) == sorted(
@@ -122,6 +123,21 @@ def test_racks_behind_an_oversubscribed_spine(testbed_cli, make_cluster):
     in_rack, cross, back = results[("h0", "h1")], results[("h0", "h2")], results[("h3", "h1")]
     assert cross <= 1.05 * 10 * M and back <= 1.05 * 10 * M, results  # the spine, both directions
     assert in_rack >= 1.4 * cross, results  # the in-rack pair clearly more
+
+    # a trial on the racks runs, records them, and the report draws it against the oversubscription with the spine
+    # named as the link that bounded its ring
+    done = testbed_cli("run", "--name", name, "--bw", "20mbit", "--compressor", "syncsgd", "--model", "mlp", "--iters",
+                       "3", "--warmup-iters", "1", "--no-probe", "--out", str(tmp_path / "res"), "--json",
+                       timeout_s=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)["row"]
+    assert row["status"] == "ok" and row["racks"] == 2 and row["oversubscription"] == pytest.approx(4.0), row
+    rep = testbed_cli("report", str(tmp_path / "res"), "--out", str(tmp_path / "rep"), timeout_s=120)
+    assert rep.returncode == 0, rep.stderr
+    (point,) = csv.DictReader((tmp_path / "rep" / "racks.csv").open())
+    assert float(point["oversubscription"]) == pytest.approx(4.0) and point["trials"] == "1"
+    assert point["bounding_link"].startswith("spine uplink of rack 0 (10 Mbit/s"), point
+    assert list((tmp_path / "rep").glob("racks_mlp_*.png"))
 
 
 BAD_TRIAL_INPUT = [
