@@ -194,6 +194,7 @@ def main() -> int:
     errors: list[float] = []
     tables: list[str] = []
     out = args.out or Path(tempfile.mkdtemp(prefix="benchtopo-"))
+    out.mkdir(parents=True, exist_ok=True)  # calibrate writes into out/profiles and wants its parent there
     straggler_layouts = {f: trial_shape.layout(hosts, flat_bps, {"h1": flat_bps // f}) for f in stragglers}
     cross_layouts = {k: trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k)) for k in crosses}
     rack_layouts = {r: trial_shape.layout(hosts, flat_bps, {}, rack_of=[i * 2 // n for i in range(n)],
