@@ -48,6 +48,7 @@ import testbed.perfmodel as pm
 from runners import catalog
 from shaping.units import format_rate, parse_rate_bps
 from testbed import cross_traffic, trial_shape
+from testbed.cluster.base import rack_members
 from testbed.report.analysis import launch_spread_pct
 from testbed.results import ResultsStore
 
@@ -197,8 +198,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)  # calibrate writes into out/profiles and wants its parent there
     straggler_layouts = {f: trial_shape.layout(hosts, flat_bps, {"h1": flat_bps // f}) for f in stragglers}
     cross_layouts = {k: trial_shape.layout(hosts, flat_bps, {}, cross_pairs=cross_traffic.pairs(n, k)) for k in crosses}
-    rack_layouts = {r: trial_shape.layout(hosts, flat_bps, {}, rack_of=[i * 2 // n for i in range(n)],
-                                          uplink_bps=(n // 2) * flat_bps // r) for r in oversubs}  # fmt: skip
+    rack_of = [j for j, members in enumerate(rack_members(n, 2)) for _ in members]  # as `up --racks 2` places them
+    rack_layouts = {r: trial_shape.layout(hosts, flat_bps, {}, rack_of=rack_of, uplink_bps=(n // 2) * flat_bps // r)
+                    for r in oversubs}  # fmt: skip
     rates = {flat_bps} | {b.rate_bps for lay in (*straggler_layouts.values(), *rack_layouts.values())
                           if (b := pm.ring_bottleneck(lay)).bounded and b.rate_bps < flat_bps}  # fmt: skip
     try:
