@@ -30,16 +30,19 @@ from testbed.report.predicted import ModelSettings, effective_rate, predicted_it
 SHAPE_COLUMNS = ("host_rates", "cross_traffic", "racks")
 
 
+def _kinds(df: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """(straggler link, cross traffic, racks) masks of rows (older rows lack the columns: flat)."""
+    none = pd.Series(False, index=df.index)
+    slow = df["host_rates"].notna() if "host_rates" in df else none
+    cross = df["cross_traffic"].fillna(0) > 0 if "cross_traffic" in df else none
+    racks = df["racks"].fillna(1) > 1 if "racks" in df else none
+    return slow, cross, racks
+
+
 def is_shaped(df: pd.DataFrame) -> pd.Series:
-    """Rows whose trial had a per-host rate, cross traffic or racks (older rows lack the columns: flat)."""
-    mask = pd.Series(False, index=df.index)
-    if "host_rates" in df:
-        mask |= df["host_rates"].notna()
-    if "cross_traffic" in df:
-        mask |= df["cross_traffic"].fillna(0) > 0
-    if "racks" in df:
-        mask |= df["racks"].fillna(1) > 1
-    return mask
+    """Rows whose trial had a per-host rate, cross traffic or racks."""
+    slow, cross, racks = _kinds(df)
+    return slow | cross | racks
 
 
 def split_shapes(ok: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -137,15 +140,6 @@ CROSS_COLUMNS = ["model", "batch_size", "world_size", "rate_bps", "variant", "cr
 _GROUP = ["model", "batch_size", "world_size", "rate_bps"]
 
 
-def _kinds(df: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
-    """(straggler link, cross traffic, racks) masks of shaped rows."""
-    none = pd.Series(False, index=df.index)
-    slow = df["host_rates"].notna() if "host_rates" in df else none
-    cross = df["cross_traffic"].fillna(0) > 0 if "cross_traffic" in df else none
-    racks = df["racks"].fillna(1) > 1 if "racks" in df else none
-    return slow, cross, racks
-
-
 def combined_shapes(shaped: pd.DataFrame) -> int:
     """How many shaped rows combine two shapes (drawn nowhere: the report's note says so)."""
     if shaped.empty:
@@ -154,11 +148,9 @@ def combined_shapes(shaped: pd.DataFrame) -> int:
     return int(((slow.astype(int) + cross.astype(int) + racks.astype(int)) > 1).sum())
 
 
-def _flat_ms(flat: pd.DataFrame, key: tuple) -> float:
-    model, bs, ws, rate, variant = key
-    f = flat[(flat["model"] == model) & (flat["batch_size"] == bs) & (flat["world_size"] == ws)
-             & (flat["rate_bps"] == rate) & (flat["variant"] == variant)]  # fmt: skip
-    return float(f["t_s"].median()) * 1e3 if len(f) else math.nan
+def _flat_ms(flat: pd.DataFrame) -> dict[tuple, float]:
+    """The flat trials' median iteration time (ms) per (model, batch size, world size, rate, variant)."""
+    return {k: float(t) * 1e3 for k, t in flat.groupby([*_GROUP, "variant"])["t_s"].median().items()}
 
 
 def _point(g: pd.DataFrame, key: tuple, flows: int, profiles: Sequence[pm.Profile], s: ModelSettings,
@@ -194,9 +186,10 @@ def rack_points(flat: pd.DataFrame, shaped: pd.DataFrame, profiles: Sequence[pm.
         return pd.DataFrame(columns=RACK_COLUMNS)
     slow, cross, racks = _kinds(shaped)
     rows = shaped[racks & ~slow & ~cross]
+    flat_ms = _flat_ms(flat)
     out = []
     for key, g in rows.groupby([*_GROUP, "variant", "racks", "oversubscription"], dropna=False):
-        point = _point(g, key[:5], 0, profiles, s, _flat_ms(flat, key[:5]))
+        point = _point(g, key[:5], 0, profiles, s, flat_ms.get(key[:5], math.nan))
         out.append({**point, "racks": int(key[5]), "oversubscription": key[6]})
     return pd.DataFrame(out, columns=RACK_COLUMNS)
 
@@ -214,9 +207,10 @@ def cross_points(flat: pd.DataFrame, shaped: pd.DataFrame, profiles: Sequence[pm
     if rows.empty:
         return pd.DataFrame(columns=CROSS_COLUMNS)
     base = flat.merge(rows[_GROUP].drop_duplicates(), on=_GROUP).assign(cross_traffic=0)
+    flat_ms = _flat_ms(flat)
     out = []
     for key, g in pd.concat([rows, base], ignore_index=True).groupby([*_GROUP, "variant", "cross_traffic"]):
-        point = _point(g, key[:5], int(key[5]), profiles, s, _flat_ms(flat, key[:5]))
+        point = _point(g, key[:5], int(key[5]), profiles, s, flat_ms.get(key[:5], math.nan))
         if not key[5] and key[3]:
             point["bounding_link"] = "every host link (flat)"
         out.append({**point, "cross_traffic": int(key[5])})
@@ -267,15 +261,14 @@ def _shape_markdown(points: pd.DataFrame, title: str, x: str, x_head: str, x_tex
     lines = ["", f"## {title}", "",
              f"| workload | ranks | host links | compressor | {x_head} | trials | measured ms | flat ms | predicted ms "
              "| error | bounding link |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    def ms(v: float) -> str:
+        return "" if math.isnan(v) else f"{v:.0f}"
+
     for r in points.sort_values([*_GROUP, "variant", x]).to_dict("records"):
-        cell = {k: "" if isinstance(r[k], float) and math.isnan(r[k]) else r[k]
-                for k in ("flat_ms", "predicted_ms", "error_pct")}  # fmt: skip
-        flat = f"{cell['flat_ms']:.0f}" if cell["flat_ms"] != "" else ""
-        pred = f"{cell['predicted_ms']:.0f}" if cell["predicted_ms"] != "" else ""
-        err = f"{cell['error_pct']:+.0f} %" if cell["error_pct"] != "" else ""
+        err = "" if math.isnan(r["error_pct"]) else f"{r['error_pct']:+.0f} %"
         lines.append(f"| {r['model']} bs{r['batch_size']} | {r['world_size']} | {fmt_rate(r['rate_bps'])} "
-                     f"| {r['variant']} | {x_text(r)} | {r['trials']} | {r['measured_ms']:.0f} | {flat} | {pred} "
-                     f"| {err} | {r['bounding_link']} |")  # fmt: skip
+                     f"| {r['variant']} | {x_text(r)} | {r['trials']} | {r['measured_ms']:.0f} | {ms(r['flat_ms'])} "
+                     f"| {ms(r['predicted_ms'])} | {err} | {r['bounding_link']} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
