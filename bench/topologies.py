@@ -128,7 +128,7 @@ def flat_wire_s(launches: list[dict]) -> float | None:
 
 
 def predict(launches: list[dict], comp: str, terms, n: int, flat_bps: float, lay: pm.Layout,
-            beside=None) -> tuple[float, str]:  # fmt: skip
+            beside=None, rule: str = "wire") -> tuple[float, str]:  # fmt: skip
     """The shaped trial's iteration time from the flat launches: their median plus what the collective at the ring's
     bottleneck (`beside`: with the terms calibrated beside the trial's cross traffic, at the flat rate) takes beyond
     the flat launches' measured time on the wire,
@@ -137,14 +137,15 @@ def predict(launches: list[dict], comp: str, terms, n: int, flat_bps: float, lay
 
     On the wire, a flat launch's collective also waits for the cores the other ranks compute on (4 ranks on 2 cores);
     that wait hides under a slower link's transfer instead of adding to it. Where the rows carry no wire time (sync
-    SGD), the change of the calibrated collective: t = median t_flat + T_coll(bottleneck) - T_coll(flat)."""
+    SGD), and for every compressor with rule "change" (the rule before 2026-12-04 20:00 UTC), the change of the
+    calibrated collective: t = median t_flat + T_coll(bottleneck) - T_coll(flat)."""
     b = pm.ring_bottleneck(lay)
     payload = launches[0]["payload_bytes_per_iter"] or 0.0
     if beside is not None:
         t_b, link = coll_s(comp, payload, beside, n, flat_bps), f"{b.link}, calibrated beside them"
     else:
         t_b, link = coll_s(comp, payload, terms, n, b.rate_bps if b.bounded else flat_bps), b.link
-    wire = flat_wire_s(launches)
+    wire = flat_wire_s(launches) if rule == "wire" else None
     if wire is None:
         return base_s(launches) + t_b - coll_s(comp, payload, terms, n, flat_bps), link
     return base_s(launches) + max(0.0, t_b - wire), link
@@ -176,6 +177,10 @@ def main() -> int:
     p.add_argument("--one-launch-within", type=float, default=5.0, metavar="PCT",
                    help="a compressor whose flat launches ran within PCT %% of each other is launched once per shape "
                         "(default %(default)s: sync SGD, whose step is the wire, ran 2 %% apart)")
+    p.add_argument("--rule", choices=("wire", "change"), default="wire",
+                   help="wire (default): flat median + max(0, T_coll(bottleneck) - the flat launches' wire time); "
+                        "change: flat median + T_coll(bottleneck) - T_coll(flat), the rule before 2026-12-04. With "
+                        "--out of a finished run, every trial and calibration is reused: it re-predicts, measures nothing")
     p.add_argument("--out", type=Path,
                    help="results and calibrations (default: a new temporary directory); trials and calibrations "
                         "already stored there are reused, so a stopped or extended run resumes")  # fmt: skip
@@ -223,7 +228,7 @@ def main() -> int:
             bad = [r["status"] for r in (*launches, *flat[comp]) if r["status"] != "ok"]
             if bad:
                 return f"| {shape} | {comp} | {', '.join(bad)} | | | | |"
-            pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay, cross_terms)
+            pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay, cross_terms, args.rule)
             m = base_s(launches)
             err = (pred - m) / m
             errors.append(abs(err))
