@@ -10,7 +10,8 @@ The prediction per trial: the compressor's measured flat iteration time (every l
 median of --flat-launches launches, seeds 0..K-1: one launch's compute speed can differ from the next one's by 20 %
 and more with 4 ranks on 2 cores), plus what its collective at the ring's bottleneck (testbed.perfmodel.ring_bottleneck:
 the slowest host link, the spine's share per cross-rack step) takes beyond the flat launches' measured time on the
-wire (`predict`; the wait for shared cores that the flat wire time holds hides under a slower link's transfer):
+wire (perfmodel.from_flat_trials_s, which the report's "from flat" column uses too; the wait for shared cores that the
+flat wire time holds hides under a slower link's transfer):
 
     t_pred(shape) = median t_meas(flat) + max(0, T_coll(payload, n, terms at B_bottleneck) - wire_meas(flat))
 
@@ -129,16 +130,11 @@ def flat_wire_s(launches: list[dict]) -> float | None:
 
 def predict(launches: list[dict], comp: str, terms, n: int, flat_bps: float, lay: pm.Layout,
             beside=None, rule: str = "wire") -> tuple[float, str]:  # fmt: skip
-    """The shaped trial's iteration time from the flat launches: their median plus what the collective at the ring's
-    bottleneck (`beside`: with the terms calibrated beside the trial's cross traffic, at the flat rate) takes beyond
-    the flat launches' measured time on the wire,
-
-        t = median t_flat + max(0, T_coll(bottleneck) - wire_flat)
-
-    On the wire, a flat launch's collective also waits for the cores the other ranks compute on (4 ranks on 2 cores);
-    that wait hides under a slower link's transfer instead of adding to it. Where the rows carry no wire time (sync
-    SGD), and for every compressor with rule "change" (the rule before 2026-12-04 20:00 UTC), the change of the
-    calibrated collective: t = median t_flat + T_coll(bottleneck) - T_coll(flat)."""
+    """The shaped trial's iteration time from the flat launches, as the report predicts it from the flat trials
+    (perfmodel.from_flat_trials_s): their median plus what the collective at the ring's bottleneck (`beside`: with
+    the terms calibrated beside the trial's cross traffic, at the flat rate) takes beyond the flat launches' measured
+    time on the wire. Rule "change" (the rule before 2026-12-04 20:00 UTC) ignores the wire time: the change of the
+    calibrated collective, t = median t_flat + T_coll(bottleneck) - T_coll(flat)."""
     b = pm.ring_bottleneck(lay)
     payload = launches[0]["payload_bytes_per_iter"] or 0.0
     if beside is not None:
@@ -146,9 +142,7 @@ def predict(launches: list[dict], comp: str, terms, n: int, flat_bps: float, lay
     else:
         t_b, link = coll_s(comp, payload, terms, n, b.rate_bps if b.bounded else flat_bps), b.link
     wire = flat_wire_s(launches) if rule == "wire" else None
-    if wire is None:
-        return base_s(launches) + t_b - coll_s(comp, payload, terms, n, flat_bps), link
-    return base_s(launches) + max(0.0, t_b - wire), link
+    return pm.from_flat_trials_s(base_s(launches), wire, t_b, coll_s(comp, payload, terms, n, flat_bps)), link
 
 
 def main() -> int:

@@ -40,6 +40,7 @@ from testbed.perfmodel.collectives import (
     collective_contention_s,
     collective_host_s,
     collective_time_s,
+    from_flat_trials_s,
     ring_bottleneck,
 )
 from testbed.perfmodel.crossovers import (
@@ -127,7 +128,7 @@ __all__ = [
     "calibration_from_bench", "calibration_from_dict", "calibration_to_dict", "choose_crossing",
     "collective_contention_s", "collective_host_s", "collective_time_s", "compute_done_between", "compute_finish_s",
     "contention_terms", "crossover", "crossover_from_samples", "find_calibrations", "find_crossover",
-    "find_profiles", "fit_collectives", "fit_efficiency", "fit_line", "host_per_byte", "load_calibration",
+    "find_profiles", "fit_collectives", "from_flat_trials_s", "fit_efficiency", "fit_line", "host_per_byte", "load_calibration",
     "load_profile", "log_grid", "model_terms", "pick_calibration", "pick_calibrations", "pick_profile",
     "pool_profiles", "predict_curves", "predict_iteration", "profile_filename", "profile_from_dict",
     "profile_to_dict", "rate_text", "ring_bottleneck", "save_calibration", "serialized", "slowest_rank_s", "straggler_s", "summarize",

@@ -239,3 +239,22 @@ def ring_bottleneck(layout: Layout) -> Bottleneck:
                         f"step{'s' * (steps != 1)}{extra})",
                     )
     return best
+
+
+def from_flat_trials_s(flat_iter_s: float, flat_wire_s: float | None, coll_bottleneck_s: float,
+                       coll_flat_s: float) -> float:  # fmt: skip
+    """A shaped trial's iteration time (a straggler link, racks, cross traffic) predicted from the flat trials measured
+    at the same rate (issue 36): their median iteration time plus what the collective at the ring's bottleneck
+    (`ring_bottleneck`, with the terms calibrated at that rate, or beside as many cross-traffic flows) takes beyond
+    their measured time on the wire,
+
+        t = t_flat + max(0, T_coll(bottleneck) - wire_flat)
+
+    A flat trial's wire time (the row's comm_wire_s) holds the wait for cores the other ranks compute on when ranks
+    share cores; that wait hides under a slower link's transfer instead of adding to it. Where the flat rows carry no
+    wire time (sync SGD's built-in all-reduce has no hook marks), the change of the calibrated collective:
+    t = t_flat + T_coll(bottleneck) - T_coll(flat). Measured (bench/topologies.py, docs/benchmarks.md): the change
+    alone over-predicted the small-message compressors' straggler trials by 18-28 % on 4 ranks sharing 2 cores."""
+    if flat_wire_s is None or not math.isfinite(flat_wire_s):
+        return flat_iter_s + coll_bottleneck_s - coll_flat_s
+    return flat_iter_s + max(0.0, coll_bottleneck_s - flat_wire_s)

@@ -31,6 +31,15 @@ def test_flat_ring_names_a_host_link_and_unshaped_is_unbounded():
     assert not b.bounded and math.isinf(b.rate_bps)
 
 
+def test_a_shaped_trial_from_the_flat_trials_adds_only_what_the_slow_collective_takes_beyond_their_wire_time():
+    # flat: 1.0 s per iteration, 0.4 s of it on the wire (the collective alone: 0.1 s, the rest waiting for cores)
+    assert pm.from_flat_trials_s(1.0, 0.4, coll_bottleneck_s=0.3, coll_flat_s=0.1) == pytest.approx(1.0)  # hidden
+    assert pm.from_flat_trials_s(1.0, 0.4, coll_bottleneck_s=1.5, coll_flat_s=0.1) == pytest.approx(2.1)
+    # rows without a wire time (sync SGD's built-in all-reduce): the change of the collective
+    assert pm.from_flat_trials_s(1.0, None, coll_bottleneck_s=0.3, coll_flat_s=0.1) == pytest.approx(1.2)
+    assert pm.from_flat_trials_s(1.0, math.nan, coll_bottleneck_s=0.3, coll_flat_s=0.1) == pytest.approx(1.2)
+
+
 @pytest.mark.parametrize(("ratio", "expected_mbit", "spine"), [(1, 100, False), (2, 100, False), (4, 50, True)])
 def test_spine_share_per_cross_rack_step(ratio, expected_mbit, spine):
     # 2 racks of 2 hosts at 100 Mbit/s: oversubscription = 200 / uplink; the ring crosses each uplink once per

@@ -16,12 +16,17 @@ from tests.unit.testbed.report.test_report import row
 M = 1_000_000
 
 
+FLAT_WIRE_S = 0.5  # fp16's flat trials on the wire per iteration; sync SGD's rows have no wire time
+PAYLOAD_BYTES = 4e6
+
+
 def _frame() -> pd.DataFrame:
     rows = []
     for i, (comp, t_flat, t_slow) in enumerate((("syncsgd", 4.0, 30.0), ("fp16", 2.0, 15.0))):
-        rows.append(row(10 * i, "resnet18", 4, 100 * M, comp, t_flat))
+        wire = {"comm_wire_s": FLAT_WIRE_S if comp == "fp16" else None, "payload_bytes_per_iter": PAYLOAD_BYTES}
+        rows.append({**row(10 * i, "resnet18", 4, 100 * M, comp, t_flat), **wire})
         for j, slow in enumerate((50 * M, 10 * M)):
-            r = row(10 * i + 1 + j, "resnet18", 4, 100 * M, comp, t_slow * 10 * M / slow)
+            r = {**row(10 * i + 1 + j, "resnet18", 4, 100 * M, comp, t_slow * 10 * M / slow), **wire}
             rows.append({**r, "host_rates": f'{{"h2": {slow}}}', "min_host_rate_bps": slow, "cross_traffic": 0})
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
@@ -34,7 +39,8 @@ def test_straggler_trials_are_predicted_at_the_straggler_rate_with_the_bounding_
     # the straggler trials are not points of the flat curves: only the flat ones are in the speedups
     assert set(rep.tables["errors"]["bandwidth"]) == {"100mbit"}
     s = pts.loc[("syncsgd", 10 * M)]
-    assert s["measured_ms"] == pytest.approx(30_000) and s["bounding_link"] == "h2 link" and s["trials"] == 1
+    assert s["measured_ms"] == pytest.approx(30_000) and s["trials"] == 1
+    assert s["bounding_link"] == "h2 link (10 Mbit/s)"  # perfmodel.ring_bottleneck's name, as racks and flows have
     assert pts.loc[("syncsgd", 100 * M), "bounding_link"] == "every host link (flat)"
     # the ring steps at its slowest link's pace: the prediction is the flat one at the straggler's rate
     net = pm.model_terms(None).network(4, 10 * M)  # no calibration: the defaults' terms, at the straggler's rate
@@ -44,16 +50,32 @@ def test_straggler_trials_are_predicted_at_the_straggler_rate_with_the_bounding_
     for v in ("syncsgd", "fp16"):  # slower straggler, longer predicted step
         assert pts.loc[(v, 10 * M), "predicted_ms"] > pts.loc[(v, 50 * M), "predicted_ms"] > pts.loc[
             (v, 100 * M), "predicted_ms"]
+    # from the flat trials: their median plus what the collective at 10 Mbit/s takes beyond their wire time
+    # (perfmodel.from_flat_trials_s); sync SGD's rows have no wire time: the change of its collective
+    def coll_s(comp: str, bps: float) -> float:
+        c = prof.compressor(comp)
+        return pm.collective_time_s(c.collective, PAYLOAD_BYTES, c.rounds, pm.model_terms(None).network(4, bps),
+                                    beside_compute_s=0.0)  # fmt: skip
+
+    fp16 = pts.loc[("fp16", 10 * M)]
+    assert coll_s("fp16", 10 * M) > FLAT_WIRE_S  # so the rule adds something: the test tells max(0, .) from 0
+    assert fp16["from_flat_ms"] == pytest.approx((2.0 + coll_s("fp16", 10 * M) - FLAT_WIRE_S) * 1e3)
+    assert s["from_flat_ms"] == pytest.approx((4.0 + coll_s("syncsgd", 10 * M) - coll_s("syncsgd", 100 * M)) * 1e3)
+    assert s["from_flat_error_pct"] == pytest.approx((s["from_flat_ms"] - 30_000) / 30_000 * 100)
+    assert math.isnan(pts.loc[("fp16", 100 * M), "from_flat_ms"])  # the flat trials are the base, not predicted
     summary = rep.markdown.read_text()
-    assert "## Straggler links" in summary and "| h2 link |" in summary
+    assert "## Straggler links" in summary and "| h2 link (10 Mbit/s) |" in summary and "| 100mbit (flat) |" in summary
     assert (tmp_path / "stragglers.csv").is_file()
     assert any(p.name == "straggler_resnet18_bs32_p4_100000000.png" for p in rep.figures)
 
 
-def test_without_a_profile_the_stragglers_are_drawn_measured_only(tmp_path):
+def test_without_a_profile_the_stragglers_are_predicted_from_the_flat_trials_only(tmp_path):
     rep = build_report(_frame(), tmp_path)
     pts = rep.tables["stragglers"]
     assert len(pts) == 6 and pts["predicted_ms"].map(math.isnan).all()
+    # the collective comes from the catalogue: the straggler points (not the flat bases) are predicted from the flat
+    shaped = pts[pts["straggler_bps"] < pts["rate_bps"]]
+    assert len(shaped) == 4 and shaped["from_flat_ms"].notna().all() and shaped["from_flat_ms"].gt(0).all()
     assert any(p.name.startswith("straggler_") for p in rep.figures)
 
 
