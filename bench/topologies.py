@@ -212,11 +212,11 @@ def main() -> int:
         up(n, args.bw)  # calibrate leaves the last rate on every link
         flat = {c: [run(args, out, c, "--seed", str(k)) for k in range(args.flat_launches)] for c in comps}
 
-        def measure(out_dir: Path, comp: str, *flags: str) -> list[dict]:
+        def measure(comp: str, *flags: str) -> list[dict]:
             """The shaped trial's launches (seeds 0..K-1), or one where the compressor's flat launches repeat."""
             times = [r["iter_time_s_p50"] for r in flat[comp] if r["status"] == "ok"]
             repeats = len(times) > 1 and launch_spread_pct(times) <= args.one_launch_within
-            return [run(args, out_dir, comp, "--seed", str(k), *flags) for k in range(1 if repeats else args.launches)]
+            return [run(args, out, comp, "--seed", str(k), *flags) for k in range(1 if repeats else args.launches)]
 
         def row(shape: str, comp: str, launches: list[dict], lay: pm.Layout, cross_terms=None) -> str:
             bad = [r["status"] for r in (*launches, *flat[comp]) if r["status"] != "ok"]
@@ -237,7 +237,7 @@ def main() -> int:
         for f, lay in straggler_layouts.items():
             slow = flat_bps // f
             for c in comps:
-                meas = measure(out, c, "--host-bw", f"h1={slow}bit")
+                meas = measure(c, "--host-bw", f"h1={slow}bit")
                 lines.append(row(f"h1 at 1/{f} ({format_rate(slow)})", c, meas, lay))
         for c in comps:  # the prediction's base, not a prediction: the launches and how far apart they ran
             times = [r["iter_time_s_p50"] for r in flat[c] if r["status"] == "ok"]
@@ -247,14 +247,14 @@ def main() -> int:
                          f"| {spread} | every host link ({args.bw}) |")  # fmt: skip
         for k in crosses:
             for c in comps:
-                meas = measure(out, c, "--cross-traffic", str(k))
+                meas = measure(c, "--cross-traffic", str(k))
                 lines.append(row(f"{k} cross flow{'s' * (k != 1)}", c, meas, cross_layouts[k], beside[k]))
         tables.append("\n".join(lines))
         lines = [head]
         for ratio, lay in rack_layouts.items():
             up(n, args.bw, "--racks", "2", "--uplink", f"{lay.uplink_bps}bit")
-            for c in comps:  # a store per ratio: a rack trial has the flat trial's id (racks are the cluster's)
-                meas = measure(out / f"racks-1to{ratio}", c)
+            for c in comps:  # beside the flat trials: the racks are part of a trial's id
+                meas = measure(c)
                 lines.append(row(f"2 racks 1:{ratio}", c, meas, lay))
         tables.append("\n".join(lines))
     finally:

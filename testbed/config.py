@@ -137,6 +137,10 @@ class Trial:
     cross_traffic: int = 0  # bulk iperf3 TCP flows (both directions) for the length of the trial
     jitter_s: float = 0.0  # netem, like delay_s (needs sch_netem)
     loss_pct: float = 0.0
+    # the cluster's racks and spine uplink (`up --racks --uplink`), set from the cluster by launch_plan.resolve: a trial
+    # behind an oversubscribed spine measures something else than the same trial on one switch, so its id differs
+    racks: int = 1
+    uplink_bps: int | None = None
 
     def __post_init__(self) -> None:
         if self.model not in MODELS:

@@ -51,9 +51,13 @@ def default_ranks_per_host(hosts: list[Host]) -> int:
     return counts.pop() if len(counts) == 1 and 0 not in counts else 1
 
 
-def resolve(trial: Trial, hosts: list[Host], *, world_size_given: bool = True) -> Trial:
-    """The trial with backend, ranks per host and world size made concrete for these hosts; InputError (exit 2,
-    nothing started) when the hosts cannot run it. `world_size_given=False`: the world size is every host's ranks."""
+def resolve(trial: Trial, hosts: list[Host], *, world_size_given: bool = True,
+            racks: tuple[int, int | None] | None = None) -> Trial:  # fmt: skip
+    """The trial with backend, ranks per host and world size made concrete for these hosts, and with `racks`, the
+    cluster's (racks, uplink_bps) (trial_shape.on_racks; None: keep the trial's); InputError (exit 2, nothing
+    started) when the hosts cannot run it. `world_size_given=False`: the world size is every host's ranks."""
+    if racks is not None:
+        trial = dataclasses.replace(trial, racks=racks[0], uplink_bps=racks[1])
     if not hosts:
         raise InputError("the cluster has no hosts")
     rph = trial.ranks_per_host or default_ranks_per_host(hosts)

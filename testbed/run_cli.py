@@ -74,7 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     infos = {} if args.dry_run else inspect_plugins([trial])  # --dry-run never imports (runs) a plugin
     cluster = cluster_for(args, trial.world_size)
     # backend, ranks per host and world size made concrete for this cluster's hosts (exit 2 if they cannot run it)
-    trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None)
+    trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None,
+                                racks=trial_shape.on_racks(cluster))  # fmt: skip
     trial_shape.check_on_cluster([trial], cluster, netem_probe(cluster))  # --host-bw hosts, netem: exit 2
     if args.dry_run:  # what would start: nothing is shaped, started or stored
         from pathlib import Path
@@ -215,7 +216,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     hosts = cluster.hosts()
     # concrete backend and ranks per host for these hosts (their trial ids are what the store holds); every trial
     # of the grid must fit before the first one starts
-    trials = list(dict.fromkeys(launch_plan.resolve(t, hosts) for t in trials))
+    racks = trial_shape.on_racks(cluster)  # part of each id: a rack trial is not the flat one stored beside it
+    trials = list(dict.fromkeys(launch_plan.resolve(t, hosts, racks=racks) for t in trials))
     trial_shape.check_on_cluster(trials, cluster, netem_probe(cluster))  # --host-bw hosts, netem: exit 2
     done = store.stored_ids("ok")
     todo = [t for t in trials if t.trial_id not in done]

@@ -23,7 +23,8 @@ from testbed.errors import InputError
 MAX_CROSS_FLOWS = 16  # per trial; each is one iperf3 --bidir flow (two TCP directions)
 MAX_LOSS_PCT = 100.0
 # a trial's shape fields at their defaults are left out of its id: trials from before issue 36 keep their ids
-SHAPE_DEFAULTS: dict[str, Any] = {"host_rates": (), "cross_traffic": 0, "jitter_s": 0.0, "loss_pct": 0.0}
+SHAPE_DEFAULTS: dict[str, Any] = {"host_rates": (), "cross_traffic": 0, "jitter_s": 0.0, "loss_pct": 0.0, "racks": 1,
+                                  "uplink_bps": None}  # fmt: skip
 DEFAULT_STRAGGLER_HOST = "h1"
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -70,6 +71,11 @@ def check_trial_shape(t: Any) -> None:
     for name, value, high in (("--jitter", t.jitter_s, 60.0), ("--loss", t.loss_pct, MAX_LOSS_PCT)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= high:
             raise InputError(f"{name} {value!r}: expected a number from 0 to {high:g}")
+    if isinstance(t.racks, bool) or not isinstance(t.racks, int) or t.racks < 1:
+        raise InputError(f"racks {t.racks!r}: expected an integer >= 1 (the cluster's, from `testbed up --racks`)")
+    up = t.uplink_bps
+    if up is not None and (isinstance(up, bool) or not isinstance(up, int) or up <= 0 or t.racks < 2):
+        raise InputError(f"uplink {up!r}: expected a rate > 0 on a cluster of 2 or more racks (`testbed up --uplink`)")
     if t.rate_bps is None and (t.jitter_s or t.loss_pct):
         raise InputError("--jitter and --loss need a rate: an unshaped trial (--bw none) has no netem under a shaper")
 
@@ -101,8 +107,11 @@ def with_stragglers(trials: list, host: str, rates: list[int | None]) -> list:
 
 
 def label(trial: Any) -> str:
-    """What the shape adds to a trial's label: ` h2@1Gbit/s`, ` +2 cross flows`, ` delay 5ms`."""
+    """What the shape adds to a trial's label: ` h2@1Gbit/s`, ` +2 cross flows`, ` delay 5ms`, ` 2 racks (uplink
+    10mbit)`."""
     text = "".join(f" {h}@{rate_or_unshaped(r)}" for h, r in trial.host_rates)
+    if trial.racks > 1:
+        text += f" {trial.racks} racks (uplink {rate_or_unshaped(trial.uplink_bps)})"
     if trial.cross_traffic:
         text += f" +{trial.cross_traffic} cross flow{'s' * (trial.cross_traffic != 1)}"
     if trial.delay_s:
@@ -151,12 +160,24 @@ def check_netem(trial: Any, netem_available: Callable[[], bool]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the row, the model
+def cluster_racks(cluster: Any) -> dict[str, Any]:
+    """The cluster's racks as its record keeps them (`up --racks --uplink`): count, members, uplink_bps; {} on one
+    switch."""
+    return (getattr(cluster, "record", None) or {}).get("racks") or {}
+
+
+def on_racks(cluster: Any) -> tuple[int, int | None]:
+    """(racks, uplink_bps) of the cluster, as a trial on it records them (Trial.racks, Trial.uplink_bps)."""
+    topo = cluster_racks(cluster)
+    return int(topo.get("count", 1)), topo.get("uplink_bps")
+
+
 def row_fields(cluster: Any, trial: Any) -> dict[str, Any]:
     """The shape columns of a trial's row: per-host rates (JSON), the slowest host link, cross-traffic flows,
     netem jitter/loss, and the cluster's racks and spine (from its record)."""
     per_host = {h.name: dict(trial.host_rates).get(h.name, trial.rate_bps) for h in cluster.hosts()}
     shaped = [r for r in per_host.values() if r is not None]
-    topo = (getattr(cluster, "record", None) or {}).get("racks") or {}
+    topo = cluster_racks(cluster)
     over = None
     if topo.get("uplink_bps") and None not in per_host.values():
         over = max(sum(per_host[h] for h in members) for members in topo["members"]) / topo["uplink_bps"]

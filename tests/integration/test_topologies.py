@@ -125,13 +125,16 @@ def test_racks_behind_an_oversubscribed_spine(testbed_cli, make_cluster, tmp_pat
     assert in_rack >= 1.4 * cross, results  # the in-rack pair clearly more
 
     # a trial on the racks runs, records them, and the report draws it against the oversubscription with the spine
-    # named as the link that bounded its ring
-    done = testbed_cli("run", "--name", name, "--bw", "20mbit", "--compressor", "syncsgd", "--model", "mlp", "--iters",
-                       "3", "--warmup-iters", "1", "--no-probe", "--out", str(tmp_path / "res"), "--json",
-                       timeout_s=240)  # fmt: skip
+    # named as the link that bounded its ring; the racks are part of the trial (and its id: not the flat trial's)
+    flags = ["--name", name, "--bw", "20mbit", "--compressor", "syncsgd", "--model", "mlp", "--iters", "3",
+             "--warmup-iters", "1", "--no-probe", "--out", str(tmp_path / "res"), "--json"]  # fmt: skip
+    plan = json.loads(testbed_cli("run", *flags, "--dry-run").stdout)
+    assert (plan["trial"]["racks"], plan["trial"]["uplink_bps"]) == (2, 10 * M), plan["trial"]
+    done = testbed_cli("run", *flags, timeout_s=240)
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout)["row"]
     assert row["status"] == "ok" and row["racks"] == 2 and row["oversubscription"] == pytest.approx(4.0), row
+    assert row["trial_id"] == plan["trial_id"]
     rep = testbed_cli("report", str(tmp_path / "res"), "--out", str(tmp_path / "rep"), timeout_s=120)
     assert rep.returncode == 0, rep.stderr
     (point,) = csv.DictReader((tmp_path / "rep" / "racks.csv").open())

@@ -10,8 +10,9 @@ import pytest
 
 import testbed.perfmodel as pm
 from shaping.plan import render_tc
-from testbed import cross_traffic, trial_shape
+from testbed import cross_traffic, launch_plan, trial_shape
 from testbed.cluster import topology
+from testbed.cluster.base import Host
 from testbed.config import Trial
 from testbed.errors import InputError
 
@@ -126,6 +127,23 @@ def test_trial_ids_do_not_change_without_a_shape():
     assert Trial("syncsgd", 100 * M, 4, host_rates=(("h2", 10 * M),)).trial_id != t.trial_id
     assert Trial("syncsgd", 100 * M, 4, cross_traffic=1).trial_id != t.trial_id
     assert Trial("syncsgd", 100 * M, 4, host_rates=(("h2", 10 * M),)).config()["host_rates"] == {"h2": 10 * M}
+
+
+def test_a_trial_on_racks_is_not_the_flat_trial():
+    # the racks are the cluster's: resolve sets them on the trial, and the id changes with them (a sweep into a store
+    # holding the flat trials must run the rack trials, not find them "already stored")
+    hosts = [Host(f"h{i}", f"10.77.0.{i + 1}", "eth0", f"tb-x-h{i}") for i in range(4)]
+    flat = launch_plan.resolve(Trial("syncsgd", 100 * M, 4), hosts, racks=(1, None))
+    on_racks = launch_plan.resolve(Trial("syncsgd", 100 * M, 4), hosts, racks=(2, 50 * M))
+    assert flat.trial_id == launch_plan.resolve(Trial("syncsgd", 100 * M, 4), hosts).trial_id  # flat ids unchanged
+    assert (on_racks.racks, on_racks.uplink_bps) == (2, 50 * M) and on_racks.trial_id != flat.trial_id
+    spine = launch_plan.resolve(Trial("syncsgd", 100 * M, 4), hosts, racks=(2, 100 * M))
+    assert spine.trial_id not in (flat.trial_id, on_racks.trial_id)
+    assert launch_plan.resolve(on_racks, hosts).trial_id == on_racks.trial_id  # resolving again keeps them
+    assert "2 racks (uplink 50mbit)" in on_racks.label()
+    for kw in ({"racks": 0}, {"racks": 1, "uplink_bps": 10 * M}, {"racks": 2, "uplink_bps": 0}):
+        with pytest.raises(InputError):
+            Trial("syncsgd", 100 * M, 4, **kw)
 
 
 def test_parse_host_bw():
