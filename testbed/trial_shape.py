@@ -174,21 +174,22 @@ def on_racks(cluster: Any) -> tuple[int, int | None]:
 
 def row_fields(cluster: Any, trial: Any) -> dict[str, Any]:
     """The shape columns of a trial's row: per-host rates (JSON), the slowest host link, cross-traffic flows,
-    netem jitter/loss, and the cluster's racks and spine (from its record)."""
+    netem jitter/loss, and the racks and spine the trial ran behind (resolved from the cluster: Trial.racks,
+    Trial.uplink_bps) with the worst rack's oversubscription (its members from the cluster's record)."""
     per_host = {h.name: dict(trial.host_rates).get(h.name, trial.rate_bps) for h in cluster.hosts()}
     shaped = [r for r in per_host.values() if r is not None]
-    topo = cluster_racks(cluster)
     over = None
-    if topo.get("uplink_bps") and None not in per_host.values():
-        over = max(sum(per_host[h] for h in members) for members in topo["members"]) / topo["uplink_bps"]
+    if trial.uplink_bps and None not in per_host.values():
+        members = cluster_racks(cluster)["members"]
+        over = max(sum(per_host[h] for h in rack) for rack in members) / trial.uplink_bps
     return {
         "host_rates": json.dumps(dict(trial.host_rates), sort_keys=True) if trial.host_rates else None,
         "min_host_rate_bps": min(shaped) if shaped else 0,
         "cross_traffic": trial.cross_traffic,
         "jitter_s": trial.jitter_s,
         "loss_pct": trial.loss_pct,
-        "racks": topo.get("count", 1),
-        "uplink_bps": topo.get("uplink_bps"),
+        "racks": trial.racks,
+        "uplink_bps": trial.uplink_bps,
         "oversubscription": over,
     }
 
