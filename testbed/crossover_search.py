@@ -11,7 +11,10 @@ linear in 1/B where both are compute + bytes / B; C "wins" at B where it is deci
   2. Bracket: while every measured rate is on one side, step out towards the side where the crossing must be: first
      just past the precision ((1 + precision)^0.95: when the model aimed right, two rates bracket the crossing to the
      precision at once), then 1.25x beyond where the line through the last two rates' d crosses 0 (a step of 2 to
-     16; x `step` without a prediction). C wins at the top of the range: "always" (it pays at every rate up to
+     16; x `step` without a prediction, or when the first guess missed by more than the precision). No step is
+     shorter than 1.25 e^|f| of the last rate's log-ratio f = ln(t_C / t_S): with t = compute + bytes / B, moving
+     the rate by k changes f by at most ln k, so the crossing lies at least e^|f| away (measured 2026-12-04: PowerSGD
+     won by f = -0.20 at the model's guess, and the step just past the precision spent 6 trials to find it again). C wins at the top of the range: "always" (it pays at every rate up to
      `high`); C loses at the bottom: "never". (The usual shape, C faster below the crossover, is assumed only to
      choose the direction of the step-out; a bracket found either way round is refined the same way.)
   3. Refine the bracket (a, b) (decided rates on opposite sides) until b / a <= 1 + precision: aim at the crossing
@@ -274,15 +277,22 @@ def next_step(s: Settings, measured: Mapping[int, Point]) -> Measure | Answer:
 def _step_out(side: Sequence[tuple[int, Verdict]], up: bool, s: Settings) -> float:
     """The next rate when every rate so far is on one side: x `step` the first time, then 1.25x beyond where the
     line through the last two rates' d (linear in 1/B) crosses 0, the step kept within 2 to 16; within the range."""
-    rate = side[-1][0]
-    # the first step: just past the precision (the model aimed right: two rates bracket the crossing), then `step`
-    factor = (1 + s.precision) ** 0.95 if len(side) == 1 and s.start_bps else s.step
+    rate, last = side[-1]
+    # The crossing lies at least a factor e^|f| away: t = compute + bytes / B, so moving the rate by k changes each
+    # side's log-time by at most ln k and their log-ratio f by at most ln k. A step shorter than that cannot reach it.
+    least = math.exp(abs(last.f)) if last.f is not None else 1.0
+    near = (1 + s.precision) ** 0.95
+    # the first step: just past the precision when the model may have aimed right (two rates then bracket the
+    # crossing), `step` when the first guess missed by more than that, or there was none
+    factor = near if len(side) == 1 and s.start_bps and least <= near else s.step
     if len(side) >= 2:
         root = _root(side[-2][0], side[-2][1].d, rate, side[-1][1].d)
         if root is not None and (root > rate) == up:
             factor = min(max(math.exp(abs(math.log(root / rate))) * 1.25, 2.0), 16.0)
         elif root is not None or side[-2][1].d == side[-1][1].d:
             factor = 16.0  # the line points the wrong way or is flat (noise): keep stepping, faster
+    if least > near:  # past the bound, with room: a step to exactly e^|f| finds a tie at best
+        factor = max(factor, least * 1.25)
     x = rate * factor if up else rate / factor
     return min(max(x, s.low_bps), s.high_bps)
 

@@ -90,6 +90,29 @@ def test_wins_at_the_top_is_always_and_loses_at_the_bottom_is_never():
     assert ans.visits[-1].rate_bps == 50 * MBIT and "never pays" in ans.describe("topk")
 
 
+def test_a_first_guess_missed_by_more_than_the_precision_steps_out_at_once():
+    """Measured 2026-12-04 (2 hosts, resnet18): PowerSGD won by f = ln(t_C / t_S) = -0.20 at the model's guess,
+    3.24 Gbit/s; the step just past the precision (3.55 Gbit/s) could not reach a crossing at least e^0.20 = 1.22x
+    away, and cost 6 trials. Now the search steps out by `step` at once: the top of the range, "always"."""
+
+    def sync(b):
+        return 0.25 + 0.3 * GBIT / b
+
+    def faster(b):
+        return 0.8 * sync(b)  # f = ln 0.8 = -0.22 at every rate
+
+    ans, _, ran = drive(cs.Settings(50 * MBIT, 5 * GBIT, 0.10, start_bps=3.24 * GBIT), faster, sync)
+    assert ans.kind == "always" and [v.rate_bps for v in ans.visits] == [3_240_000_000, 5 * GBIT] and ran == 4
+
+    def lost(c_s: float) -> cs.Measure:  # one run each at the guess, 1.72 Gbit/s, the compressor slower
+        at = {1_720_000_000: cs.Point(1_720_000_000, (cs.Run(c_s, c_s, c_s),), (cs.Run(1.0, 1.0, 1.0),))}
+        return cs.next_step(cs.Settings(50 * MBIT, 5 * GBIT, 0.10, start_bps=1.72 * GBIT), at)
+
+    assert lost(1.55).rate_bps == 430_000_000  # f = +0.44: x step (4) down, not 1.57 Gbit/s
+    assert lost(1.02).rate_bps == 1_570_000_000  # f = +0.02: the model may have aimed right: just past the precision
+    assert lost(9.0).rate_bps == 153_000_000  # f = ln 9: the crossing is at least 9x away: 1.25 x 9 = 11.25x down
+
+
 def test_equal_within_noise_is_a_tie_with_repeats():
     def same(_b):
         return 0.2
