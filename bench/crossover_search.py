@@ -4,6 +4,7 @@ Then one trial's wall time split (docs/results-format.md, wall_*_s) with DDP's m
 (every rank built the same parameters, checked by checksum): the per-trial speed-up.
 
     python bench/crossover_search.py          # resnet18 64x64 bs32, powersgd/acpsgd/signsgd, 2 and 4 hosts, 10% (hours)
+    python bench/crossover_search.py --world-sizes 2 --no-grid --no-split   # the searches alone (15 min)
     python bench/crossover_search.py --model mlp --batch-size 8 --compressors acpsgd --world-sizes 2 \\
         --bw-range 2mbit..128mbit --precision 100% --iters 4 --split-bw 10mbit       # smoke run (minutes)
 
@@ -70,6 +71,9 @@ def main() -> int:
     ap.add_argument("--warmup-iters", default="5")
     ap.add_argument("--split-bw", default="10mbit", help="the rate of the per-trial split (before/after)")
     ap.add_argument("--out", help="keep the results here (default: a temporary directory)")
+    ap.add_argument("--no-grid", action="store_true", help="the searches alone (their grid columns read '-'), e.g. to "
+                    "measure a change of the search against grids already in docs/benchmarks.md")
+    ap.add_argument("--no-split", action="store_true", help="skip the per-trial split (before/after) at the end")
     a = ap.parse_args()
     root = Path(a.out or tempfile.mkdtemp(prefix="bench-crossover-"))
     trial = ["--model", a.model, "--batch-size", a.batch_size, "--image-size", a.image_size, "--iters", a.iters,
@@ -85,10 +89,13 @@ def main() -> int:
                 grid_out = root / f"grid-{comp}-{ws}" / "results"
                 grid_out.parent.mkdir(parents=True, exist_ok=True)
                 t0 = time.monotonic()
-                cli("sweep", "--name", NAME, "--bw", ",".join(log_rates(a.bw_range, a.grid_rates)), "--compressor",
-                    f"{a.against},{comp}", "--world-size", str(ws), "--out", str(grid_out), *trial, *opts)  # fmt: skip
+                kind, g_bps = "-", None
+                if not a.no_grid:
+                    cli("sweep", "--name", NAME, "--bw", ",".join(log_rates(a.bw_range, a.grid_rates)),
+                        "--compressor", f"{a.against},{comp}", "--world-size", str(ws), "--out", str(grid_out),
+                        *trial, *opts)  # fmt: skip
+                    kind, g_bps = grid_crossover(grid_out, comp, ws, a.against)
                 grid_wall = time.monotonic() - t0
-                kind, g_bps = grid_crossover(grid_out, comp, ws, a.against)
                 search_out = root / f"search-{comp}-{ws}" / "results"
                 search_out.parent.mkdir(parents=True, exist_ok=True)
                 t0 = time.monotonic()
@@ -99,16 +106,16 @@ def main() -> int:
                 (s,) = json.loads(done.stdout)["searches"]
                 lo, hi = s["bracket_bps"]
                 inside = "-" if g_bps is None else ("yes" if lo <= g_bps <= hi else "no")
-                if kind in ("always", "never"):
-                    inside = "yes" if kind == s["kind"] else "no"
+                if kind in ("always", "never", "-"):
+                    inside = "-" if kind == "-" else ("yes" if kind == s["kind"] else "no")
                 from shaping.units import format_rate
 
                 g_text = format_rate(g_bps, 3) if g_bps else kind
+                grid_cells = "- | - | -" if a.no_grid else f"{g_text} | {2 * a.grid_rates} | {grid_wall:.0f} s"
                 lines.append(f"| {comp} | {ws} | {s['kind']} | {format_rate(lo, 3)}..{format_rate(hi, 3)} | "
-                             f"{s['trials']} | {wall:.0f} s | {g_text} | {2 * a.grid_rates} | {grid_wall:.0f} s | "
-                             f"{inside} |")  # fmt: skip
+                             f"{s['trials']} | {wall:.0f} s | {grid_cells} | {inside} |")  # fmt: skip
                 print(lines[-1], flush=True)
-        split = split_rows(root, trial, a.split_bw)
+        split = "" if a.no_split else split_rows(root, trial, a.split_bw)
     finally:
         cli("down", "--name", NAME, check=False)
     print("\n".join(lines))
