@@ -4,7 +4,7 @@ Then one trial's wall time split (docs/results-format.md, wall_*_s) with DDP's m
 (every rank built the same parameters, checked by checksum): the per-trial speed-up.
 
     python bench/crossover_search.py          # resnet18 64x64 bs32, powersgd/acpsgd/signsgd, 2 and 4 hosts, 10% (hours)
-    python bench/crossover_search.py --world-sizes 2 --no-grid --no-split   # the searches alone (15 min)
+    python bench/crossover_search.py --world-sizes 2 --no-grid --no-split   # the searches alone (6 min here)
     python bench/crossover_search.py --model mlp --batch-size 8 --compressors acpsgd --world-sizes 2 \\
         --bw-range 2mbit..128mbit --precision 100% --iters 4 --split-bw 10mbit       # smoke run (minutes)
 
