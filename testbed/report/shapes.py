@@ -170,9 +170,12 @@ def _point(g: pd.DataFrame, key: tuple, flows: int, profiles: Sequence[pm.Profil
             from_flat = _from_flat_s(g, key, bps, flows, profiles, s, flat_base) * 1e3
         link += ", calibrated beside them" if flows else ""
     measured = float(g["t_s"].median()) * 1e3
-    base = (flat_base if flat_base is not None else _flat_base(g)).get(key)
+    if flat_base is None:  # the flat trials themselves: their median is the flat one
+        flat_ms = measured
+    else:
+        flat_ms = flat_base[key][0] * 1e3 if key in flat_base else math.nan
     return {"model": model, "batch_size": int(bs), "world_size": int(ws), "rate_bps": rate, "variant": variant,
-            "trials": len(g), "measured_ms": measured, "flat_ms": base[0] * 1e3 if base else math.nan,
+            "trials": len(g), "measured_ms": measured, "flat_ms": flat_ms,
             "predicted_ms": predicted, "error_pct": (predicted - measured) / measured * 100,
             "from_flat_ms": from_flat, "from_flat_error_pct": (from_flat - measured) / measured * 100,
             "bounding_link": link}  # fmt: skip
