@@ -191,7 +191,7 @@ def main() -> int:
     stragglers, oversubs, crosses = ((10,), (4,), (1,)) if args.smoke else (STRAGGLER, OVERSUB, CROSS[1:])
     stragglers, oversubs, crosses = (v if k in shapes else () for k, v in
                                      (("stragglers", stragglers), ("racks", oversubs), ("cross", crosses)))  # fmt: skip
-    errors: list[float] = []
+    errors: dict[str, list[float]] = {"stragglers": [], "racks": [], "cross traffic": []}
     tables: list[str] = []
     out = args.out or Path(tempfile.mkdtemp(prefix="benchtopo-"))
     out.mkdir(parents=True, exist_ok=True)  # calibrate writes into out/profiles and wants its parent there
@@ -218,14 +218,14 @@ def main() -> int:
             repeats = len(times) > 1 and launch_spread_pct(times) <= args.one_launch_within
             return [run(args, out, comp, "--seed", str(k), *flags) for k in range(1 if repeats else args.launches)]
 
-        def row(shape: str, comp: str, launches: list[dict], lay: pm.Layout, cross_terms=None) -> str:
+        def row(kind: str, shape: str, comp: str, launches: list[dict], lay: pm.Layout, cross_terms=None) -> str:
             bad = [r["status"] for r in (*launches, *flat[comp]) if r["status"] != "ok"]
             if bad:
                 return f"| {shape} | {comp} | {', '.join(bad)} | | | | |"
             pred, link = predict(flat[comp], comp, terms, n, flat_bps, lay, cross_terms, args.rule)
             m = base_s(launches)
             err = (pred - m) / m
-            errors.append(abs(err))
+            errors[kind].append(abs(err))
             each = " / ".join(f"{r['iter_time_s_p50'] * 1e3:.0f}" for r in launches)
             line = f"| {shape} | {comp} | {m * 1e3:.0f} | {each} | {pred * 1e3:.0f} | {err:+.0%} | {link} |"
             print(line, file=sys.stderr, flush=True)  # as it comes: a long run stopped early keeps what it measured
@@ -238,7 +238,7 @@ def main() -> int:
             slow = flat_bps // f
             for c in comps:
                 meas = measure(c, "--host-bw", f"h1={slow}bit")
-                lines.append(row(f"h1 at 1/{f} ({format_rate(slow)})", c, meas, lay))
+                lines.append(row("stragglers", f"h1 at 1/{f} ({format_rate(slow)})", c, meas, lay))
         for c in comps:  # the prediction's base, not a prediction: the launches and how far apart they ran
             times = [r["iter_time_s_p50"] for r in flat[c] if r["status"] == "ok"]
             spread = f"{launch_spread_pct(times):.0f} % apart" if len(times) > 1 else ""
@@ -248,22 +248,25 @@ def main() -> int:
         for k in crosses:
             for c in comps:
                 meas = measure(c, "--cross-traffic", str(k))
-                lines.append(row(f"{k} cross flow{'s' * (k != 1)}", c, meas, cross_layouts[k], beside[k]))
+                lines.append(row("cross traffic", f"{k} cross flow{'s' * (k != 1)}", c, meas, cross_layouts[k], beside[k]))
         tables.append("\n".join(lines))
         lines = [head]
         for ratio, lay in rack_layouts.items():
             up(n, args.bw, "--racks", "2", "--uplink", f"{lay.uplink_bps}bit")
             for c in comps:  # beside the flat trials: the racks are part of a trial's id
                 meas = measure(c)
-                lines.append(row(f"2 racks 1:{ratio}", c, meas, lay))
+                lines.append(row("racks", f"2 racks 1:{ratio}", c, meas, lay))
         tables.append("\n".join(lines))
     finally:
         cli("down", "--name", NAME)
     print(f"{n} hosts at {args.bw}, {args.model}, {args.iters} measured iterations, median of the iterations\n")
     print("\n\n".join(tables))
-    if errors:
-        print(f"\nabsolute error: median {statistics.median(errors):.0%}, worst {max(errors):.0%} "
-              f"({len(errors)} points)")  # fmt: skip
+    every = [e for errs in errors.values() for e in errs]
+    if every:
+        print(f"\nabsolute error: median {statistics.median(every):.0%}, worst {max(every):.0%} ({len(every)} points)")
+        for kind, errs in errors.items():  # per shape: the all-points median can hide one shape's errors
+            if errs:
+                print(f"  {kind}: median {statistics.median(errs):.0%}, worst {max(errs):.0%} ({len(errs)} points)")
     return 0
 
 
