@@ -14,8 +14,8 @@ linear in 1/B where both are compute + bytes / B; C "wins" at B where it is deci
      16; x `step` without a prediction, or when the first guess missed by more than the precision). No step is
      shorter than 1.25 e^|f| of the last rate's log-ratio f = ln(t_C / t_S): with t = compute + bytes / B, moving
      the rate by k changes f by at most ln k, so the crossing lies at least e^|f| away (measured 2026-12-04: PowerSGD
-     won by f = -0.20 at the model's guess, and the step just past the precision spent 6 trials to find it again). C wins at the top of the range: "always" (it pays at every rate up to
-     `high`); C loses at the bottom: "never". (The usual shape, C faster below the crossover, is assumed only to
+     won by f = -0.20 at the model's guess, and the step just past the precision spent 6 trials to find it again).
+     C wins at the top of the range: "always" (it pays at every rate up to `high`); C loses at the bottom: "never". (The usual shape, C faster below the crossover, is assumed only to
      choose the direction of the step-out; a bracket found either way round is refined the same way.)
   3. Refine the bracket (a, b) (decided rates on opposite sides) until b / a <= 1 + precision: aim at the crossing
      the line through (1/a, d(a)), (1/b, d(b)) predicts, offset by 0.45 ln(1 + precision) towards the larger part
