@@ -23,7 +23,11 @@ seed (hosts 2-5, batch 8-64, DDP buckets of 5/25/50 MB, resnet18/resnet50/bert-b
 sync SGD, 4-6 rates including unshaped), calibrates at every drawn rate (so no prediction is extrapolated), runs each with --repeats, and scores
 median and worst error and the crossover verdicts. The git commit the model was frozen at is recorded with the result
 in HOLDOUT_LEDGER, and a seed already there is refused (a seed is used once; judge a fix on a new one).
-`--dry-run` prints the drawn configurations and an estimate of the wall time, and runs nothing.
+`--dry-run` prints the drawn configurations and an estimate of the wall time, and runs nothing. A seed takes longer
+than one sitting: stop it with Ctrl-C (SIGINT; the trial in flight is lost, the cluster is taken down) and rerun the
+same command with the same --out to resume. --out/holdout.json holds the plan and the frozen commit; a resume from
+another commit, seed or setting is refused. What is stored is kept: a finished configuration, each host count's
+calibrations, each repetition's profiles and every trial (the sweep skips stored trials).
 
     python bench/model_accuracy.py --holdout 7 --configs 8 --repeats 2 --dry-run
 """
@@ -187,18 +191,41 @@ def holdout(args: argparse.Namespace) -> int:
     if args.holdout in used_seeds():
         raise SystemExit(f"--holdout {args.holdout}: seed already used (in {HOLDOUT_LEDGER}); draw a new one")
     work = Path(args.out or tempfile.mkdtemp(prefix="model-holdout-"))
+    # a seed takes longer than one sitting: rerunning the same command with the same --out resumes it, with the model
+    # still frozen at the commit it started from (a configuration, calibration, profile or trial stored is kept)
+    plan = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
+            "warmup_iters": args.warmup_iters}  # fmt: skip
+    state = work / "holdout.json"
+    if state.is_file():
+        started = json.loads(state.read_text())
+        if started != plan:
+            diff = sorted(k for k in plan if started.get(k) != plan[k])
+            raise SystemExit(f"--out {work}: holds seed {started.get('seed')} started with other {', '.join(diff)} "
+                             f"(model frozen at {started.get('commit')}); resume it with the same command from a "
+                             f"checkout at that commit, or give a new --out")  # fmt: skip
+        print(f"resuming in {work}\n")
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        state.write_text(json.dumps(plan, indent=1))
     errors, verdicts = [], []
     for i, c in enumerate(configs):
         out = work / f"config{i + 1}"
-        argv = [sys.executable, str(Path(__file__).resolve()), "--models", c["model"], "--hosts", str(c["hosts"]),
-                "--bw", ",".join(c["bw"]), "--compressors", ",".join(c["compressors"]), "--batch-size",
-                str(c["batch_size"]), "--iters", str(iters), "--repeats", str(repeats), "--warmup-iters",
-                str(args.warmup_iters), "--calibrate-bw", ",".join(c["bw"]), "--bucket-cap-mb", str(c["bucket_cap_mb"]),
-                "--out", str(out)]  # fmt: skip
-        done = subprocess.run(argv, cwd=REPO, text=True, capture_output=True)
-        (work / f"config{i + 1}.md").write_text(done.stdout + done.stderr)
-        if done.returncode != 0:
-            raise SystemExit(f"configuration {i + 1} failed: {done.stderr.strip().splitlines()[-1:]}")
+        if (out / "report" / "prediction_error.csv").is_file():
+            print(f"configuration {i + 1}: done in an earlier sitting")
+        else:
+            print(f"configuration {i + 1}: running (working directory {out})", flush=True)
+            argv = [sys.executable, str(Path(__file__).resolve()), "--models", c["model"], "--hosts", str(c["hosts"]),
+                    "--bw", ",".join(c["bw"]), "--compressors", ",".join(c["compressors"]), "--batch-size",
+                    str(c["batch_size"]), "--iters", str(iters), "--repeats", str(repeats), "--warmup-iters",
+                    str(args.warmup_iters), "--calibrate-bw", ",".join(c["bw"]), "--bucket-cap-mb",
+                    str(c["bucket_cap_mb"]), "--out", str(out)]  # fmt: skip
+            log = work / f"config{i + 1}.md"  # appended to: a resumed configuration keeps each sitting's output
+            with log.open("a") as f:
+                done = subprocess.run(argv, cwd=REPO, text=True, stdout=f, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            if done.returncode != 0:
+                raise SystemExit(f"configuration {i + 1} failed (exit {done.returncode}): "
+                                 f"{log.read_text().strip().splitlines()[-1:]}; the rest of its output is in {log}")
         err = pd.read_csv(out / "report" / "prediction_error.csv")
         errors += [abs(e) for e in err["error_pct"]]
         verdicts += [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
@@ -251,6 +278,7 @@ def main() -> int:
     repeats = args.repeats or base["repeats"]
     if repeats < 1:
         raise SystemExit(f"--repeats {repeats}: expected >= 1")
+    from testbed import perfmodel as pm
     work = Path(args.out or tempfile.mkdtemp(prefix="model-accuracy-"))
     profiles, results = work / "profiles", work / "results"
     profiles.mkdir(parents=True, exist_ok=True)
@@ -261,9 +289,14 @@ def main() -> int:
     try:
         for n in hosts:
             testbed("up", "--name", NAME, "--hosts", str(n), "--recreate")
-            # several rates, one command: the model interpolates between them
-            cals = json.loads(testbed("calibrate", "--name", NAME, "--bw", args.calibrate_bw, "--sizes",
-                                      args.calibrate_sizes, "--out", str(profiles), "--json"))  # fmt: skip
+            # several rates, one command: the model interpolates between them. Kept beside the profiles, so that a
+            # rerun of the same command resumes: a calibration, profile or trial already stored is not measured again
+            cal_done = work / f"calibration-{n}hosts.json"
+            if not cal_done.is_file():
+                out = testbed("calibrate", "--name", NAME, "--bw", args.calibrate_bw, "--sizes", args.calibrate_sizes,
+                              "--out", str(profiles), "--json")  # fmt: skip
+                cal_done.write_text(out)
+            cals = json.loads(cal_done.read_text())
             for at, cal in zip(args.calibrate_bw.split(","), cals if isinstance(cals, list) else [cals], strict=True):
                 f = cal["fitted"]
                 print(f"calibration, {n} hosts at {at}: alpha {f['latency_s'] * 1e6:.3g} us, all-reduce "
@@ -282,7 +315,7 @@ def main() -> int:
             for rep in range(repeats):
                 rep_dir = profiles / f"{n}hosts-rep{rep + 1}"
                 rep_dir.mkdir(exist_ok=True)
-                for m in models:
+                for m in (m for m in models if not any(p.model == m for p in pm.find_profiles(rep_dir))):
                     testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
                             "--colocated", str(n), "--out", str(rep_dir), "--iters", str(max(10, iters)),
                             "--compressors", profiled, "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
