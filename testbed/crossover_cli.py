@@ -51,7 +51,8 @@ def cmd_crossover(args: argparse.Namespace) -> int:
 
     low, high = parse_range(args.bw_range)
     precision = parse_precision(args.precision)
-    settings = Settings(low, high, precision, args.repeats)
+    gap = parse_precision(args.one_run_gap, "--one-run-gap", lowest=0.0)
+    settings = Settings(low, high, precision, args.repeats, one_run_gap=gap)
     trials = _base_trials(args, low)
     profiles = Path(args.profiles) if args.profiles else Path(args.out).resolve().parent / "profiles"
     say = (lambda _m: None) if args.json else (lambda m: console.print(m, markup=False, highlight=False))
@@ -107,6 +108,10 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--bw-range", default=DEFAULT_RANGE, help=f"LOW..HIGH rates searched (default {DEFAULT_RANGE})")
     p.add_argument("--repeats", type=int, default=3, help="runs of each side at a rate where one run each does not "
                    "decide; Welch's test on them calls a tie (default 3)")  # fmt: skip
+    p.add_argument("--one-run-gap", default="10%", help="one run of each side decides a rate only where their "
+                   "medians are further apart than this (and one median lies beyond the other run's p5..p95); else "
+                   "--repeats runs each. The default, 10%%, is how far a trial's median moved between launches on a "
+                   "shared 2-core machine; 0 lets separated runs decide at any gap (a quiet cluster)")  # fmt: skip
     p.add_argument("--profiles", help="profiles and calibration for the first guess (default: profiles/ beside --out)")
     p.add_argument("--no-measure", action="store_true",
                    help="never measure a missing profile: refuse (exit 2) instead")  # fmt: skip

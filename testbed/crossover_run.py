@@ -217,6 +217,7 @@ def search_doc(search: Search, step: cs.Measure | cs.Answer) -> dict[str, Any]:
         "high_bps": s.high_bps,
         "precision": s.precision,
         "repeats": s.repeats,
+        "one_run_gap": s.one_run_gap,
         "predicted_kind": search.aim.kind,
         "predicted_bps": search.aim.bandwidth_bps,
         "model_source": search.aim.source,

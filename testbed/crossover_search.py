@@ -6,7 +6,9 @@ measurements always give the same next step, so a search stopped anywhere resume
 (testbed/crossover_run.py) only looks the runs up in the results store and runs the missing ones.
 
 The search, for a compressor C against a baseline S over the rates [low, high] (d(B) = t_C(B) - t_S(B), about
-linear in 1/B where both are compute + bytes / B; C "wins" at B where it is decidedly faster, see `judge`):
+linear in 1/B where both are compute + bytes / B; C "wins" at B where it is decidedly faster, see `judge`: one
+run each decides where their medians are more than `one_run_gap` apart and one median lies beyond the other run's
+p5..p95, else `repeats` runs each and Welch's test):
   1. Start at the model's predicted crossover (clamped to the range; the range's log-midpoint without one).
   2. Bracket: while every measured rate is on one side, step out towards the side where the crossing must be: first
      just past the precision ((1 + precision)^0.95: when the model aimed right, two rates bracket the crossing to the
@@ -41,6 +43,11 @@ from testbed.errors import InputError
 WIN, LOSE, TIE = "win", "lose", "tie"
 KINDS = ("crossover", "tie", "always", "never")  # always: C wins at the top of the range; never: loses at the bottom
 MAX_POINTS = 40  # a guard: every step narrows the bracket or moves towards an end of the range
+# One run of each side decides a rate only where their medians are more than this apart. A trial's median moves
+# between launches: measured 2026-12-04 on the 2-core machine (2 hosts, resnet18, 3 launches each at 2.48 and
+# 5 Gbit/s), sync SGD by up to 8 %, PowerSGD by up to 11 %; signSGD at 1.5 Gbit/s by 42 %. Closer than this, the
+# order of one run each is the launches' noise: `repeats` runs each and Welch's test decide.
+ONE_RUN_GAP = 0.10
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class Settings:
     start_bps: float | None = None  # the model's predicted crossover (None: no prediction in the range)
     step: float = 4.0  # the first step out of a wrong first guess
     alpha: float = 0.05  # the tie test's level (report.analysis.TIE_ALPHA)
+    one_run_gap: float = ONE_RUN_GAP  # one run each decides only where their medians are further apart than this
     known_bps: tuple[int, ...] = ()  # rates with stored runs: a proposal close to one measures there instead
 
     def __post_init__(self) -> None:
@@ -81,6 +89,7 @@ class Settings:
             )
         if not (math.isfinite(self.step) and self.step > 1):
             raise InputError(f"step {self.step!r}: expected a factor > 1")
+        check_fraction(self.one_run_gap, "--one-run-gap", lowest=0.0)
 
 
 def check_range(low_bps: float, high_bps: float) -> None:
@@ -92,22 +101,27 @@ def check_range(low_bps: float, high_bps: float) -> None:
 
 
 def check_precision(precision: float) -> None:
-    if isinstance(precision, bool) or not (isinstance(precision, int | float) and 0 < precision <= 10):
-        raise InputError(
-            f"--precision {precision!r}: expected a fraction in (0, 10], e.g. 10% or 0.1 (the bracket's width)"
-        )
+    check_fraction(precision, "--precision")
 
 
-def parse_precision(text: str) -> float:
-    """`10%` or `0.1` -> 0.1 (InputError naming what is accepted)."""
+def check_fraction(value: float, flag: str, lowest: float | None = None, shown: str | None = None) -> None:
+    """A fraction in (0, 10] (from `lowest` inclusive when given), else InputError naming `flag` and the value as
+    given (`shown`)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value <= 10
+    ok = ok and (value >= lowest if lowest is not None else value > 0)
+    if not ok:
+        span = f"[{lowest:g}, 10]" if lowest is not None else "(0, 10]"
+        raise InputError(f"{flag} {shown or repr(value)}: expected a fraction in {span}, e.g. 10% or 0.1")
+
+
+def parse_precision(text: str, flag: str = "--precision", lowest: float | None = None) -> float:
+    """`10%` or `0.1` -> 0.1 (InputError naming `flag` and what is accepted)."""
     t = str(text).strip()
     try:
         value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
-        raise InputError(f"--precision {text!r}: expected a percentage like 10% or a fraction like 0.1") from None
-    if not math.isfinite(value):
-        raise InputError(f"--precision {text!r}: expected a percentage like 10% or a fraction like 0.1")
-    check_precision(value)
+        raise InputError(f"{flag} {text!r}: expected a percentage like 10% or a fraction like 0.1") from None
+    check_fraction(value, flag, lowest, shown=t)
     return value
 
 
@@ -123,18 +137,22 @@ class Verdict:
     d: float | None = None  # mean t_C - mean t_S (seconds): about linear in 1/B where both are compute + bytes / B
 
 
-def judge(point: Point, repeats: int, alpha: float = 0.05) -> Verdict:
-    """One run each decides when their iteration ranges (p5..p95) do not overlap; otherwise `repeats` runs each and
-    Welch's test (report.analysis.tie_flags) decide: a tie when it cannot tell the two apart at level `alpha`."""
+def judge(point: Point, repeats: int, alpha: float = 0.05, one_run_gap: float = ONE_RUN_GAP) -> Verdict:
+    """The runs so far decide when their medians are more than `one_run_gap` apart and one side's median lies
+    beyond the other's iterations: the slower's median above the faster's p95, or the faster's median below the
+    slower's p5 (so a few stalled iterations in one run, which move its p95 and not its median, do not call for
+    repeats). Otherwise `repeats` runs each and Welch's test (report.analysis.tie_flags) decide: a tie when it cannot
+    tell the two apart at level `alpha`."""
     c, s = point.compressor, point.baseline
     if not c or not s:
         return Verdict(None, max(0, 1 - len(c)), max(0, 1 - len(s)))
     tc, ts = _mean(r.p50_s for r in c), _mean(r.p50_s for r in s)
     f, d = math.log(tc / ts), tc - ts
-    if max(r.p95_s for r in c) < min(r.p5_s for r in s):
-        return Verdict(WIN, f=f, d=d)
-    if min(r.p5_s for r in c) > max(r.p95_s for r in s):
-        return Verdict(LOSE, f=f, d=d)
+    if abs(f) > math.log1p(one_run_gap):
+        fast, slow = (c, s) if f < 0 else (s, c)
+        if (max(r.p50_s for r in fast) < min(r.p5_s for r in slow)
+                or max(r.p95_s for r in fast) < min(r.p50_s for r in slow)):  # fmt: skip
+            return Verdict(WIN if f < 0 else LOSE, f=f, d=d)
     if repeats < 2:  # no repeats asked for: the medians decide
         return Verdict(WIN if f < 0 else LOSE, f=f, d=d)
     if len(c) < repeats or len(s) < repeats:
@@ -208,7 +226,7 @@ def next_step(s: Settings, measured: Mapping[int, Point]) -> Measure | Answer:
     verdicts: dict[int, Verdict] = {}
 
     def visit(rate: int) -> Verdict:
-        v = judge(measured.get(rate, Point(rate)), s.repeats, s.alpha)
+        v = judge(measured.get(rate, Point(rate)), s.repeats, s.alpha, s.one_run_gap)
         verdicts[rate] = v
         if v.outcome is not None:
             p = measured[rate]

@@ -81,6 +81,7 @@ def test_search_answer_follows_from_its_own_stored_runs(make_cluster, testbed_cl
     ("flags", "words"),
     [
         (["--compressor", "acpsgd", "--precision", "0"], "--precision"),
+        (["--compressor", "acpsgd", "--one-run-gap=-5%"], "--one-run-gap -5%: expected a fraction in [0, 10]"),
         (["--compressor", "acpsgd", "--bw-range", ".."], "--bw-range"),
         (["--compressor", "acpsgd", "--bw-range", "1gbit..10mbit"], "--bw-range"),
         (["--compressor", "acpsgd", "--bw-range", "10mbit..10mbit"], "--bw-range"),
