@@ -8,7 +8,9 @@ Then one trial's wall time split (docs/results-format.md, wall_*_s) with DDP's m
     python bench/crossover_search.py --model mlp --batch-size 8 --compressors acpsgd --world-sizes 2 \\
         --bw-range 2mbit..128mbit --precision 100% --iters 4 --split-bw 10mbit       # smoke run (minutes)
 
-The search and the grid use separate results directories (the search reuses nothing of the grid). Prints Markdown
+The search and the grid use separate results directories (the search reuses nothing of the grid); the grids of one
+world size share one, so the baseline's grid runs once, and each grid's wall time is its trials' and the baseline's
+(the rows' wall_s) summed. Prints Markdown
 tables (paste into docs/benchmarks.md). Needs root; uses its own cluster name and removes it. Measure on a quiet
 machine: 2 shared cores make every figure depend on what else runs.
 """
@@ -56,6 +58,15 @@ def grid_crossover(out: Path, compressor: str, ws: int, against: str) -> tuple[s
     return measured_crossover(rates, [t[(against, r)] / t[(compressor, r)] for r in rates])
 
 
+def grid_wall_s(out: Path, compressor: str, ws: int, against: str) -> float:
+    """The grid's cost for one compressor: the wall time of its trials and the baseline's, summed from the rows
+    (the baseline's rows are shared by the compressors of one world size, and each grid is charged for them)."""
+    from testbed.results import load_results
+
+    df = load_results(out)
+    return float(df[(df["world_size"] == ws) & df["compressor"].isin([compressor, against])]["wall_s"].sum())
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="resnet18")
@@ -86,16 +97,15 @@ def main() -> int:
         for ws in sizes:
             for comp in a.compressors.split(","):
                 opts = OPTIONS.get(comp, [])
-                grid_out = root / f"grid-{comp}-{ws}" / "results"
+                grid_out = root / f"grid-{ws}" / "results"  # one per world size: the baseline's trials run once
                 grid_out.parent.mkdir(parents=True, exist_ok=True)
-                t0 = time.monotonic()
-                kind, g_bps = "-", None
+                kind, g_bps, grid_wall = "-", None, 0.0
                 if not a.no_grid:
                     cli("sweep", "--name", NAME, "--bw", ",".join(log_rates(a.bw_range, a.grid_rates)),
                         "--compressor", f"{a.against},{comp}", "--world-size", str(ws), "--out", str(grid_out),
                         *trial, *opts)  # fmt: skip
                     kind, g_bps = grid_crossover(grid_out, comp, ws, a.against)
-                grid_wall = time.monotonic() - t0
+                    grid_wall = grid_wall_s(grid_out, comp, ws, a.against)
                 search_out = root / f"search-{comp}-{ws}" / "results"
                 search_out.parent.mkdir(parents=True, exist_ok=True)
                 t0 = time.monotonic()
