@@ -18,6 +18,7 @@ from typing import Any
 
 from shaping.plan import LinkShape
 from shaping.units import UNSHAPED, format_rate, is_unshaped, parse_rate_bps, rate_or_unshaped
+from testbed.cluster.base import oversubscription
 from testbed.errors import InputError
 
 MAX_CROSS_FLOWS = 16  # per trial; each is one iperf3 --bidir flow (two TCP directions)
@@ -178,10 +179,7 @@ def row_fields(cluster: Any, trial: Any) -> dict[str, Any]:
     Trial.uplink_bps) with the worst rack's oversubscription (its members from the cluster's record)."""
     per_host = {h.name: dict(trial.host_rates).get(h.name, trial.rate_bps) for h in cluster.hosts()}
     shaped = [r for r in per_host.values() if r is not None]
-    over = None
-    if trial.uplink_bps and None not in per_host.values():
-        members = cluster_racks(cluster)["members"]
-        over = max(sum(per_host[h] for h in rack) for rack in members) / trial.uplink_bps
+    over = oversubscription(cluster_racks(cluster).get("members") or [], per_host, trial.uplink_bps)
     return {
         "host_rates": json.dumps(dict(trial.host_rates), sort_keys=True) if trial.host_rates else None,
         "min_host_rate_bps": min(shaped) if shaped else 0,

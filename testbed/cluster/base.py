@@ -26,6 +26,14 @@ def rack_members(n_hosts: int, racks: int) -> list[list[str]]:
     return [[f"h{i}" for i in range(j * per, (j + 1) * per)] for j in range(racks)]
 
 
+def oversubscription(members: list[list[str]], host_rate_bps: dict[str, int | None], uplink_bps: int | None
+                     ) -> float | None:  # fmt: skip
+    """The worst rack's sum of its hosts' rates over its uplink (None: no uplink rate, or an unshaped host)."""
+    if not uplink_bps or not members or any(host_rate_bps.get(h) is None for rack in members for h in rack):
+        return None
+    return max(sum(host_rate_bps[h] for h in rack) for rack in members) / uplink_bps
+
+
 def shared_cpu_threads(ranks: int) -> int:
     """CPU threads each of `ranks` processes gets when they share this machine's cores evenly, at least one: what each
     rank of a local trial runs with, and what a co-located profile of that many ranks measures with."""

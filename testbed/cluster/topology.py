@@ -25,6 +25,7 @@ from shaping import tc
 from shaping.plan import LinkShape
 from shaping.units import format_rate
 from testbed.cluster import registry
+from testbed.cluster.base import oversubscription as base_oversubscription
 from testbed.cluster.base import rack_members
 from testbed.errors import ClusterError, InputError
 
@@ -63,11 +64,12 @@ def rack_of_host(record: dict[str, Any]) -> dict[str, int]:
 
 
 def oversubscription(record: dict[str, Any], host_rate_bps: int | None) -> float | None:
-    """The worst rack's sum of host rates over its uplink (None: no racks, unshaped hosts or an unshaped spine)."""
+    """The worst rack's sum of host rates over its uplink, every host at `host_rate_bps` (None: no racks, unshaped
+    hosts or an unshaped spine)."""
     racks = record.get("racks") or {}
-    if not racks.get("uplink_bps") or not host_rate_bps:
-        return None
-    return max(len(m) for m in racks["members"]) * host_rate_bps / racks["uplink_bps"]
+    members = racks.get("members") or []
+    return base_oversubscription(members, {h: host_rate_bps or None for m in members for h in m},
+                                 racks.get("uplink_bps"))  # fmt: skip
 
 
 def describe(record: dict[str, Any], host_rate_bps: int | None) -> str | None:

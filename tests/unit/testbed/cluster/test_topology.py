@@ -226,6 +226,15 @@ def test_rack_record_and_oversubscription():
     assert "4:1" in topology.describe(rec, 100 * M)
     assert topology.oversubscription(rec, None) is None
     assert topology.racks_record("x", 4, 1, None) is None
+    # per-host rates (a trial's row: a straggler in the first rack): the worst rack's sum over the uplink
+    from testbed.cluster.base import oversubscription
+
+    members = rec["racks"]["members"]
+    rates = {"h0": 10 * M, "h1": 100 * M, "h2": 100 * M, "h3": 100 * M}
+    assert oversubscription(members, rates, 50 * M) == pytest.approx(4.0)  # h2 + h3; h0 + h1 is only 110
+    assert oversubscription(members, {**rates, "h3": 300 * M}, 50 * M) == pytest.approx(8.0)
+    assert oversubscription(members, {**rates, "h3": None}, 50 * M) is None  # an unshaped host: undefined
+    assert oversubscription(members, rates, None) is None
 
 
 def test_cross_traffic_pairs_cross_the_ring():
