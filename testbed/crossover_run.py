@@ -19,7 +19,7 @@ from typing import Any
 from shaping.files import atomic_write
 from shaping.units import format_rate
 from testbed import crossover_search as cs
-from testbed import launch_plan, trial_shape
+from testbed import launch_plan
 from testbed.config import Trial
 from testbed.errors import InputError, LaunchError
 
@@ -257,8 +257,7 @@ def find_crossovers(args, trials: list[Trial], settings: cs.Settings, profiles_d
         profile_for(trials[0], names, profiles_dir, measure=False, say=say)
     store = open_store(args.out)
     cluster = cluster_for(args, args.world_size)
-    hosts = cluster.hosts()
-    trials = [launch_plan.resolve(t, hosts, racks=trial_shape.on_racks(cluster)) for t in trials]
+    trials = launch_plan.resolve_on(cluster, trials)
     prof, source = profile_for(trials[0], names, profiles_dir, measure=not args.no_measure, say=say)
     searches = []
     for t in trials:

@@ -32,6 +32,7 @@ from pathlib import PurePath
 from typing import Any
 
 from runners.contract import TORCHRUN_KEYS, RankArgs, torchrun_env
+from testbed import trial_shape
 from testbed.cluster.base import Host
 from testbed.config import NCCL_PINNED, Trial
 from testbed.errors import InputError
@@ -49,6 +50,13 @@ def default_ranks_per_host(hosts: list[Host]) -> int:
     """The hosts' GPU count when every host has the same number > 0 (lab: testbed_gpus_per_host), else 1."""
     counts = {len(h.gpus) for h in hosts}
     return counts.pop() if len(counts) == 1 and 0 not in counts else 1
+
+
+def resolve_on(cluster: Any, trials: list[Trial], *, world_size_given: bool = True) -> list[Trial]:
+    """`resolve` each trial against the cluster's hosts and its racks (racks and uplink are part of a trial's id: a
+    rack trial is not the flat one stored beside it)."""
+    hosts, racks = cluster.hosts(), trial_shape.on_racks(cluster)
+    return [resolve(t, hosts, world_size_given=world_size_given, racks=racks) for t in trials]
 
 
 def resolve(trial: Trial, hosts: list[Host], *, world_size_given: bool = True,

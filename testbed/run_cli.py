@@ -74,8 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     infos = {} if args.dry_run else inspect_plugins([trial])  # --dry-run never imports (runs) a plugin
     cluster = cluster_for(args, trial.world_size)
     # backend, ranks per host and world size made concrete for this cluster's hosts (exit 2 if they cannot run it)
-    trial = launch_plan.resolve(trial, cluster.hosts(), world_size_given=args.world_size is not None,
-                                racks=trial_shape.on_racks(cluster))  # fmt: skip
+    (trial,) = launch_plan.resolve_on(cluster, [trial], world_size_given=args.world_size is not None)
     trial_shape.check_on_cluster([trial], cluster, netem_probe(cluster))  # --host-bw hosts, netem: exit 2
     if args.dry_run:  # what would start: nothing is shaped, started or stored
         from pathlib import Path
@@ -213,11 +212,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if registry.load_record(args.name) is None and len(trials) > CONFIRM_GRID_ABOVE and not args.yes:
         _refuse_big_grid(len(trials), _eta_text(store, len(trials), args.timeout))  # said before "no cluster"
     cluster = cluster_for(args, max(t.world_size for t in trials))
-    hosts = cluster.hosts()
-    # concrete backend and ranks per host for these hosts (their trial ids are what the store holds); every trial
-    # of the grid must fit before the first one starts
-    racks = trial_shape.on_racks(cluster)  # part of each id: a rack trial is not the flat one stored beside it
-    trials = list(dict.fromkeys(launch_plan.resolve(t, hosts, racks=racks) for t in trials))
+    # concrete backend, ranks per host and racks for this cluster (their trial ids are what the store holds); every
+    # trial of the grid must fit before the first one starts
+    trials = list(dict.fromkeys(launch_plan.resolve_on(cluster, trials)))
     trial_shape.check_on_cluster(trials, cluster, netem_probe(cluster))  # --host-bw hosts, netem: exit 2
     done = store.stored_ids("ok")
     todo = [t for t in trials if t.trial_id not in done]

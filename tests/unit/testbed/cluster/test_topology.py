@@ -141,6 +141,15 @@ def test_a_trial_on_racks_is_not_the_flat_trial():
     assert spine.trial_id not in (flat.trial_id, on_racks.trial_id)
     assert launch_plan.resolve(on_racks, hosts).trial_id == on_racks.trial_id  # resolving again keeps them
     assert "2 racks (uplink 50mbit)" in on_racks.label()
+
+    class OnRacks:  # what resolve_on reads of a cluster: its hosts and its record's racks
+        record = {"racks": topology.racks_record("x", 4, 2, 50 * M)}
+
+        def hosts(self):
+            return hosts
+
+    assert [t.trial_id for t in launch_plan.resolve_on(OnRacks(), [Trial("syncsgd", 100 * M, 4)])] == [
+        on_racks.trial_id]  # fmt: skip
     for kw in ({"racks": 0}, {"racks": 1, "uplink_bps": 10 * M}, {"racks": 2, "uplink_bps": 0}):
         with pytest.raises(InputError):
             Trial("syncsgd", 100 * M, 4, **kw)
