@@ -59,10 +59,26 @@ QUICK = {"models": "resnet18", "hosts": "2", "bw": "200mbit,1gbit,5gbit,none", "
          "iters": 10, "repeats": 2}  # fmt: skip
 
 
+def run_through_ctrl_c(argv: list[str], timeout_s: float | None = None, **kw) -> subprocess.CompletedProcess:
+    """subprocess.run, except that Ctrl-C waits for the child before it is raised: the child got the same SIGINT
+    (one process group) and stops by itself, undoing what it set up (its shaping, its cluster). subprocess.run
+    would SIGKILL it, and a calibration killed so leaves its links shaped."""
+    with subprocess.Popen(argv, text=True, **kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except KeyboardInterrupt:
+            proc.communicate()
+            raise
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
 def testbed(*argv: str, timeout_s: float = 7200) -> str:
     """Run the `testbed` CLI; its stdout, or SystemExit with its one-line error."""
-    done = subprocess.run([sys.executable, "-m", "testbed.cli", *argv], capture_output=True, text=True, cwd=REPO,
-                          timeout=timeout_s, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    done = run_through_ctrl_c([sys.executable, "-m", "testbed.cli", *argv], timeout_s, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, cwd=REPO, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"testbed {' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
     return done.stdout
@@ -221,8 +237,8 @@ def holdout(args: argparse.Namespace) -> int:
                     str(c["bucket_cap_mb"]), "--out", str(out)]  # fmt: skip
             log = work / f"config{i + 1}.md"  # appended to: a resumed configuration keeps each sitting's output
             with log.open("a") as f:
-                done = subprocess.run(argv, cwd=REPO, text=True, stdout=f, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                done = run_through_ctrl_c(argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
+                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
             if done.returncode != 0:
                 raise SystemExit(f"configuration {i + 1} failed (exit {done.returncode}): "
                                  f"{log.read_text().strip().splitlines()[-1:]}; the rest of its output is in {log}")
@@ -326,7 +342,8 @@ def main() -> int:
                             "--bucket-cap-mb", str(args.bucket_cap_mb), "--yes")  # fmt: skip
             print(pool_repeats(sorted(profiles.glob(f"{n}hosts-rep*")), profiles))
     finally:
-        subprocess.run([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO, capture_output=True)
+        run_through_ctrl_c([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     report = json.loads(testbed("report", str(results), "--out", str(work / "report"), "--profiles", str(profiles),
                                 "--overlap-hooks", "--json"))  # fmt: skip
     cx = pd.read_csv(work / "report" / "crossovers.csv")
