@@ -35,10 +35,11 @@ class ModelTerms:
     # interval; and the rate the calibration sits at (a prediction elsewhere is extrapolated)
     comm_rel_spread: float = 0.0
     calibrated_rates_bps: tuple[float, ...] = ()
+    calibrated_unshaped: bool = False  # measured on unshaped links: every rate above it is what it measured
 
     def extrapolated(self, bandwidth_bps: float) -> bool:
         """Whether `bandwidth_bps` lies outside the calibrated rates (by more than 10 %); False without any."""
-        return is_extrapolated(self.calibrated_rates_bps, bandwidth_bps)
+        return is_extrapolated(self.calibrated_rates_bps, bandwidth_bps, open_above=self.calibrated_unshaped)
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> Network:
         return Network(
@@ -67,6 +68,7 @@ class ModelTerms:
             "skew_s": self.skew_s,
             "comm_rel_spread": self.comm_rel_spread,
             "calibrated_rates_bps": list(self.calibrated_rates_bps),
+            "calibrated_unshaped": self.calibrated_unshaped,
         }
 
     def describe_terms(self) -> str:
@@ -122,6 +124,7 @@ def model_terms(
         terms["skew_s"],
         comm_rel_spread(calibration),
         (calibrated_rate_bps(calibration),),
+        calibration.rate_bps is None,
     )
 
 
@@ -134,11 +137,13 @@ def comm_rel_spread(c: Calibration) -> float:
 EXTRAPOLATION_TOLERANCE = 0.10
 
 
-def is_extrapolated(rates_bps: Sequence[float], bandwidth_bps: float) -> bool:
-    """Whether `bandwidth_bps` lies outside [min, max] of the calibrated `rates_bps` by more than 10 %."""
+def is_extrapolated(rates_bps: Sequence[float], bandwidth_bps: float, *, open_above: bool = False) -> bool:
+    """Whether `bandwidth_bps` lies outside [min, max] of the calibrated `rates_bps` by more than 10 %.
+    `open_above`: one calibration was unshaped, so a rate above them all is the unshaped link it measured (an
+    unshaped trial is predicted at its probe's goodput, beyond the all-reduce bandwidth that calibration reached)."""
     if not rates_bps:
         return False
-    lo, hi = min(rates_bps), max(rates_bps)
+    lo, hi = min(rates_bps), math.inf if open_above else max(rates_bps)
     return not (lo * (1 - EXTRAPOLATION_TOLERANCE) <= bandwidth_bps <= hi * (1 + EXTRAPOLATION_TOLERANCE))
 
 
@@ -215,6 +220,7 @@ class TermsByRate:
             values["skew_s"],
             self.comm_rel_spread,
             tuple(rates),
+            self.calibrated_unshaped,
         )
 
     @property
@@ -225,9 +231,13 @@ class TermsByRate:
     def calibrated_rates_bps(self) -> tuple[float, ...]:
         return tuple(self._points[0])
 
+    @property
+    def calibrated_unshaped(self) -> bool:
+        return any(c.rate_bps is None for c in self.calibrations)
+
     def extrapolated(self, bandwidth_bps: float) -> bool:
         """Whether `bandwidth_bps` lies outside the calibrated rates (by more than 10 %)."""
-        return is_extrapolated(self.calibrated_rates_bps, bandwidth_bps)
+        return is_extrapolated(self.calibrated_rates_bps, bandwidth_bps, open_above=self.calibrated_unshaped)
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> Network:
         return self.at(bandwidth_bps).network(world_size, bandwidth_bps, extra_latency_s)
@@ -249,6 +259,7 @@ class TermsByRate:
         return {
             "comm_rel_spread": self.comm_rel_spread,
             "calibrated_rates_bps": list(self.calibrated_rates_bps),
+            "calibrated_unshaped": self.calibrated_unshaped,
             "interpolated_by_rate": [
                 {"rate_bps": calibrated_rate_bps(c), **self.at(calibrated_rate_bps(c)).as_dict()}
                 for c in self.calibrations

@@ -346,6 +346,13 @@ def test_calibrations_at_several_rates_are_interpolated_in_log_rate():
     assert net.latency_s == pytest.approx(80e-6 + 1e-3)
     assert "interpolated by rate" in terms.describe() and "unshaped" in terms.describe()
     assert [r["rate_bps"] for r in terms.as_dict()["interpolated_by_rate"]] == pytest.approx([1e9, 10e9])
+    # an unshaped calibration covers every rate above it (an unshaped trial is predicted at its probe's goodput,
+    # 40 Gbit here, beyond the 10 Gbit its all-reduce reached): not extrapolated; below the lowest rate still is
+    assert not terms.extrapolated(40e9) and terms.extrapolated(0.5e9) and not terms.extrapolated(3e9)
+    assert not pm.model_terms(high).extrapolated(40e9) and pm.model_terms(low).extrapolated(40e9)
+    shaped_only = pm.terms_for([low, _at(2 * 10**9, k=1e-9, c_byte=0.5e-9, b_ar=1.8e9)], 2)
+    assert shaped_only.extrapolated(40e9)
+    assert terms.as_dict()["calibrated_unshaped"] is True and shaped_only.as_dict()["calibrated_unshaped"] is False
     # given latency / efficiency override every point
     given = pm.terms_for([low, high], 2, latency_s=0.0, efficiency=0.5)
     assert given.at(40e9).latency_s == 0.0 and given.at(40e9).efficiency == 0.5

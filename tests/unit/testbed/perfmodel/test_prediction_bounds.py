@@ -90,6 +90,8 @@ def test_pooled_repeats_give_the_profiles_spread():
 def test_extrapolated_rates():
     assert is_extrapolated([1e9, 10e9], 100e6) and not is_extrapolated([1e9, 10e9], 2e9)
     assert not is_extrapolated([], 100e6)
+    assert not is_extrapolated([1e9, 10e9], 40e9, open_above=True) and is_extrapolated([1e9, 10e9], 40e9)
+    assert is_extrapolated([1e9, 10e9], 100e6, open_above=True)
 
 
 def test_crossover_verdicts_by_interval():
