@@ -271,21 +271,45 @@ def test_a_search_is_matched_to_the_report_curve_of_its_compressor_and_options()
     assert report_variant({"compressor": "syncsgd", "options": {}}) == "syncsgd"
 
 
+def test_a_tie_at_the_first_guess_steps_out_by_step_then_step_squared():
+    """Measured 2026-12-05 (2 hosts, resnet18, 50 Mbit/s..5 Gbit/s): signSGD and sync SGD tied at the model's guess,
+    1.64 Gbit/s (signSGD's medians 0.39, 0.53, 0.75 s over 3 launches; sync SGD's 0.38-0.40 s). Stepping out x16
+    bounded the tie by 102 Mbit/s and 5 Gbit/s (49x); x4 first asks at 410 Mbit/s. A side that ties again steps x16."""
+
+    def run(t):
+        return cs.Run(t, t * 0.95, t * 1.05)
+
+    tie = (run(0.394), run(0.532), run(0.747)), (run(0.399), run(0.379), run(0.388))
+    s = cs.Settings(50 * MBIT, 5 * GBIT, 0.10, start_bps=1.64 * GBIT)
+    measured = {1_640_000_000: cs.Point(1_640_000_000, *tie)}
+    assert cs.judge(measured[1_640_000_000], 3).outcome == cs.TIE
+    assert cs.next_step(s, measured).rate_bps == 410_000_000
+    measured[410_000_000] = cs.Point(410_000_000, *tie)  # tied again below: x16 from there, the range's end
+    assert cs.next_step(s, measured).rate_bps == 50 * MBIT
+    measured[50 * MBIT] = cs.Point(50 * MBIT, (run(0.5),), (run(4.4),))
+    assert cs.next_step(s, measured).rate_bps == 5 * GBIT  # above: x4 from the first tie, clamped to the range
+    measured[5 * GBIT] = cs.Point(5 * GBIT, (run(0.57),), (run(0.32),))
+    ans = cs.next_step(s, measured)
+    assert (ans.kind, ans.low_bps, ans.high_bps, ans.estimate_bps) == ("tie", 50 * MBIT, 5 * GBIT, 1.64 * GBIT)
+
+
 def test_a_tie_whose_step_out_snaps_back_onto_it_is_answered():
     """Measured on a loaded machine (mlp, 2 hosts, 2mbit..512mbit, --precision 100%, the model's guess 468 Mbit/s):
     a tie at 468 Mbit/s, then ACP-SGD won at 29.2 Mbit/s; the step out above the tie (512 Mbit/s, the range's end)
     snapped back onto the stored 468: the search must answer (a tie between the decided rate and the range's end
-    side), not revisit the tie until its guard runs out (an IndexError before)."""
+    side), not revisit the tie until its guard runs out (an IndexError before). The first step down from a tie is
+    now x4 (117 Mbit/s), no longer x16 (29.2 Mbit/s); the runs there are the measured ones at 29.2."""
 
     def run(t):
         return cs.Run(t, t * 0.9, t * 1.1)
 
-    s = cs.Settings(2 * MBIT, 512 * MBIT, 1.0, repeats=2, start_bps=468_448_686, known_bps=(29_200_000, 468_000_000))
+    s = cs.Settings(2 * MBIT, 512 * MBIT, 1.0, repeats=2, start_bps=468_448_686, known_bps=(117_000_000, 468_000_000))
     measured = {
-        29_200_000: cs.Point(29_200_000, (run(0.005856),), (run(0.017369),)),
         468_000_000: cs.Point(468_000_000, (run(0.006737), run(0.006969)), (run(0.007421), run(0.005728))),
     }
     assert cs.judge(measured[468_000_000], 2).outcome == cs.TIE  # the premise: the two sides tie there
+    assert cs.next_step(s, measured).rate_bps == 117_000_000  # x step (4) down from the tie
+    measured[117_000_000] = cs.Point(117_000_000, (run(0.005856),), (run(0.017369),))
     ans = cs.next_step(s, measured)
     assert isinstance(ans, cs.Answer) and ans.kind == "tie", ans
-    assert ans.low_bps == 29_200_000 and ans.high_bps == 468_000_000
+    assert ans.low_bps == 117_000_000 and ans.high_bps == 468_000_000
