@@ -95,7 +95,7 @@ def _store_row(note: dict[str, Any], problems: list[str]) -> str | None:
     row["status"] = "interrupted"
     row["error"] = (
         f"the controller (pid {killed_by.get('pid')}) was killed during the trial; its leftovers were ended by the "
-        "next command on the cluster; a resumed sweep runs it again"
+        "next command on the cluster; rerunning the same command measures it again"
     )
     try:
         store = ResultsStore(note["out"])

@@ -94,7 +94,7 @@ def stop_exit_code() -> int:
 
 
 def _stop_message() -> str:
-    return f"interrupted ({STOPPED_BY[0] if STOPPED_BY else 'Ctrl-C'}); a resumed sweep runs it again"
+    return f"interrupted ({STOPPED_BY[0] if STOPPED_BY else 'Ctrl-C'}); rerunning the same command measures it again"
 
 
 class TrialFailed(LaunchError):
