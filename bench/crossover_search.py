@@ -58,6 +58,23 @@ def grid_crossover(out: Path, compressor: str, ws: int, against: str) -> tuple[s
     return measured_crossover(rates, [t[(against, r)] / t[(compressor, r)] for r in rates])
 
 
+def agrees(grid_kind: str, grid_bps: float | None, search: dict, bw_range: tuple[int, int]) -> str:
+    """Whether the search's answer agrees with the grid's: the grid's crossover inside the search's bracket (or its
+    tie's band), the same "always"/"never", or a tie whose band reaches the end of the range where the grid, one run
+    of each side a rate, says the compressor still wins ("always": the top) or still loses ("never": the bottom)."""
+    if grid_kind == "-":
+        return "-"
+    lo, hi = search["bracket_bps"]
+    if grid_bps is not None:
+        return "yes" if lo <= grid_bps <= hi else "no"
+    if grid_kind == search["kind"]:
+        return "yes"
+    low_end, high_end = bw_range
+    if search["kind"] == "tie" and ((grid_kind == "always" and hi >= high_end) or (grid_kind == "never" and lo <= low_end)):
+        return "yes (a tie reaching the range's end)"
+    return "no"
+
+
 def grid_wall_s(out: Path, compressor: str, ws: int, against: str) -> float:
     """The grid's cost for one compressor: the wall time of its trials and the baseline's, summed from the rows
     (the baseline's rows are shared by the compressors of one world size, and each grid is charged for them)."""
@@ -115,9 +132,9 @@ def main() -> int:
                 wall = time.monotonic() - t0
                 (s,) = json.loads(done.stdout)["searches"]
                 lo, hi = s["bracket_bps"]
-                inside = "-" if g_bps is None else ("yes" if lo <= g_bps <= hi else "no")
-                if kind in ("always", "never", "-"):
-                    inside = "-" if kind == "-" else ("yes" if kind == s["kind"] else "no")
+                from testbed.crossover_cli import parse_range
+
+                inside = agrees(kind, g_bps, s, parse_range(a.bw_range))
                 from shaping.units import format_rate
 
                 g_text = format_rate(g_bps, 3) if g_bps else kind
