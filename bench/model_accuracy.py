@@ -245,6 +245,10 @@ def holdout(args: argparse.Namespace) -> int:
         err = pd.read_csv(out / "report" / "prediction_error.csv")
         errors += [abs(e) for e in err["error_pct"]]
         verdicts += [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
+        if errors:  # where the seed stands after each configuration: a seed's sittings end anywhere
+            print(f"configuration {i + 1}: median |error| {err['error_pct'].abs().median():.1f} %, worst "
+                  f"{err['error_pct'].abs().max():.1f} %; so far ({len(errors)} predictions): median "
+                  f"{statistics.median(errors):.1f} %, worst {max(errors):.1f} %", flush=True)  # fmt: skip
     result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
               "median_error_pct": statistics.median(errors) if errors else None,
               "worst_error_pct": max(errors) if errors else None,
