@@ -172,6 +172,20 @@ def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int) -> float:
     return trials * per_trial + profile + 40 * len(cfg["bw"])
 
 
+def launch_spread_pct(results: Path) -> list[float]:
+    """Per configuration (model, hosts, compressor, rate) run more than once: how far its launches' medians lie apart,
+    max / min - 1 in %. The model is scored against their median; it cannot be expected to come much closer than
+    this spread, which is the machine's, not the model's."""
+    from testbed.results import load_results
+
+    df = load_results(results)
+    df = df[df["status"] == "ok"]
+    keys = ["model", "batch_size", "world_size", "compressor", "compressor_options", "rate_bps"]
+    g = df.groupby(keys, dropna=False)["iter_time_s_p50"].agg(["min", "max", "count"])
+    g = g[g["count"] > 1]
+    return [float(v) for v in (g["max"] / g["min"] - 1) * 100]
+
+
 def git_commit() -> str:
     done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "testbed/perfmodel"], cwd=REPO, capture_output=True, text=True)
@@ -223,7 +237,7 @@ def holdout(args: argparse.Namespace) -> int:
     else:
         work.mkdir(parents=True, exist_ok=True)
         state.write_text(json.dumps(plan, indent=1))
-    errors, verdicts = [], []
+    errors, verdicts, spreads = [], [], []
     for i, c in enumerate(configs):
         out = work / f"config{i + 1}"
         if (out / "report" / "prediction_error.csv").is_file():
@@ -245,14 +259,19 @@ def holdout(args: argparse.Namespace) -> int:
         err = pd.read_csv(out / "report" / "prediction_error.csv")
         errors += [abs(e) for e in err["error_pct"]]
         verdicts += [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
+        spread = launch_spread_pct(out / "results")
+        spreads += spread
         if errors:  # where the seed stands after each configuration: a seed's sittings end anywhere
             print(f"configuration {i + 1}: median |error| {err['error_pct'].abs().median():.1f} %, worst "
-                  f"{err['error_pct'].abs().max():.1f} %; so far ({len(errors)} predictions): median "
-                  f"{statistics.median(errors):.1f} %, worst {max(errors):.1f} %", flush=True)  # fmt: skip
+                  f"{err['error_pct'].abs().max():.1f} %, its launches {statistics.median(spread or [0]):.1f} % "
+                  f"apart (median); so far ({len(errors)} predictions): median {statistics.median(errors):.1f} %, "
+                  f"worst {max(errors):.1f} %", flush=True)  # fmt: skip
     result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
               "median_error_pct": statistics.median(errors) if errors else None,
               "worst_error_pct": max(errors) if errors else None,
-              "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))}, "machine": os.uname().nodename,
+              "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
+              "launch_spread_median_pct": statistics.median(spreads) if spreads else None,
+              "machine": os.uname().nodename,
               "cores": os.cpu_count()}  # fmt: skip
     with HOLDOUT_LEDGER.open("a") as f:
         f.write(json.dumps(result) + "\n")
