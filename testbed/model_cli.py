@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,9 @@ def _console() -> Console:
 
 # ---------------------------------------------------------------------------------------------- argument parsing
 def parse_bandwidths(text: str, points: int) -> list[float]:
-    """`10mbit..10gbit` (log grid of `points`), `100mbit,1gbit,10gbit` (a list) or `1gbit` (one rate)."""
-    from shaping.units import parse_rate_bps
+    """`10mbit..10gbit` (log grid of `points`), `100mbit,1gbit,10gbit` (a list) or `1gbit` (one rate). `none` (an
+    unshaped link, in a list or alone) is math.inf until `resolve_unshaped` puts it where the calibration says."""
+    from shaping.units import is_unshaped, parse_rate_bps
 
     text = text.strip()
     if ".." in text:
@@ -48,10 +50,26 @@ def parse_bandwidths(text: str, points: int) -> list[float]:
     parts = text.split(",")
     if len(parts) > 1 and not all(part.strip() for part in parts):  # `--bw "$A,$B"` with B unset
         raise InputError(f"--bw {text!r}: an item of the list is empty (an unset variable?)")
-    rates = sorted({float(parse_rate_bps(part, "--bw")) for part in parts if part.strip()})
+    rates = sorted({math.inf if is_unshaped(part) else float(parse_rate_bps(part, "--bw"))
+                    for part in parts if part.strip()})  # fmt: skip
     if not rates:
         raise InputError(f"--bw {text!r}: expected a rate (1gbit), a list (100mbit,1gbit) or a range (10mbit..10gbit)")
     return rates
+
+
+def resolve_unshaped(bandwidths_bps: list[float], terms: Any, world_size: int) -> tuple[list[float], float | None]:
+    """`none` (math.inf from parse_bandwidths) at the rate an unshaped link gives the collectives, the all-reduce
+    bandwidth of an unshaped calibration; InputError without one. Returns the rates and that rate (None if unused)."""
+    if math.inf not in bandwidths_bps:
+        return bandwidths_bps, None
+    at = getattr(terms, "unshaped_rate_bps", None)
+    if not at:
+        raise InputError(
+            f"--bw none: an unshaped link is predicted at the all-reduce bandwidth an unshaped calibration of "
+            f"{world_size} ranks reached, and there is none (`testbed calibrate --bw none`); or give the rate, e.g. "
+            "10gbit"
+        )
+    return sorted({at if b == math.inf else b for b in bandwidths_bps}), at
 
 
 def parse_compressors(text: str | None) -> list[str] | None:
@@ -264,7 +282,8 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument(
         "--bw",
         default=DEFAULT_BW_RANGE,
-        help="range 10mbit..10gbit (log grid), list 100mbit,1gbit, or one rate (default: %(default)s)",
+        help="range 10mbit..10gbit (log grid), list 100mbit,1gbit, or one rate; `none` in a list or alone: an "
+        "unshaped link, at the all-reduce bandwidth an unshaped calibration reached (default: %(default)s)",
     )
     p.add_argument("--points", type=int, default=25, help="grid points for a range (default: 25)")
     p.add_argument("--compute-speedup", default="1", help="what-if: forward/backward/optimizer k times faster")
@@ -468,10 +487,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     terms = modelling.resolve_terms(
         args.calibration, args.profiles, args.world_size, latency_s=_given_latency(args), efficiency=_given_efficiency(args)
     )
+    bandwidths, unshaped_bps = resolve_unshaped(parse_bandwidths(args.bw, args.points), terms, args.world_size)
     data = modelling.prediction(
         profile,
         source,
-        bandwidths_bps=parse_bandwidths(args.bw, args.points),
+        bandwidths_bps=bandwidths,
         world_size=args.world_size,
         baseline=args.baseline,
         compressors=parse_compressors(args.compressors),
@@ -480,6 +500,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         codec_speedup=_positive(args.codec_speedup, "--codec-speedup"),
         hook_blocks_backward=not args.overlap_hooks,
     )
+    data["unshaped_bps"] = unshaped_bps  # `--bw none`: the rate it stands at (None: not asked for)
     if args.json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
         return 0

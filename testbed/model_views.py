@@ -120,7 +120,8 @@ def prediction_view(data: dict[str, Any], profile: pm.Profile, terms: Any, sourc
             bound = BOUND_SHORT.get((c.get("bound_by") or [""] * (i + 1))[i], "")
             txt = f"[bold green]{txt}[/]" if c["iter_time_s"][i] == best else txt
             cells.append(f"{txt} ({bound})" if bound else txt)
-        t.add_row(pm.rate_text(b) + (" *" if b in extrapolated else ""), *cells)
+        label = f"unshaped ({pm.rate_text(b)})" if b == data.get("unshaped_bps") else pm.rate_text(b)
+        t.add_row(label + (" *" if b in extrapolated else ""), *cells)
     out.append(t)
     if extrapolated:
         out.append("* extrapolated: outside the calibrated rates (the nearest calibration's terms); "

@@ -41,6 +41,12 @@ class ModelTerms:
         """Whether `bandwidth_bps` lies outside the calibrated rates (by more than 10 %); False without any."""
         return is_extrapolated(self.calibrated_rates_bps, bandwidth_bps, open_above=self.calibrated_unshaped)
 
+    @property
+    def unshaped_rate_bps(self) -> float | None:
+        """The rate an unshaped link stands at: the all-reduce bandwidth the unshaped calibration reached (None
+        without one)."""
+        return self.calibrated_rates_bps[0] if self.calibrated_unshaped and self.calibrated_rates_bps else None
+
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> Network:
         return Network(
             int(world_size),
@@ -238,6 +244,11 @@ class TermsByRate:
     def extrapolated(self, bandwidth_bps: float) -> bool:
         """Whether `bandwidth_bps` lies outside the calibrated rates (by more than 10 %)."""
         return is_extrapolated(self.calibrated_rates_bps, bandwidth_bps, open_above=self.calibrated_unshaped)
+
+    @property
+    def unshaped_rate_bps(self) -> float | None:
+        """The rate an unshaped link stands at: the all-reduce bandwidth the unshaped calibration reached."""
+        return next((calibrated_rate_bps(c) for c in self.calibrations if c.rate_bps is None), None)
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> Network:
         return self.at(bandwidth_bps).network(world_size, bandwidth_bps, extra_latency_s)

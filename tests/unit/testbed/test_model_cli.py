@@ -252,6 +252,29 @@ def test_predict_uses_a_calibration_and_says_which(tmp_path, profile_file, capsy
         run(["predict", "--profile", str(profile_file), "--calibration", str(tmp_path / "nope.json")])
 
 
+def test_predict_none_is_the_unshaped_calibrations_rate(tmp_path, profile_file, capsys):
+    """`--bw 1gbit,none` as a sweep takes it: the unshaped link at the all-reduce bandwidth an unshaped calibration
+    reached (not extrapolated); without one, a one-line error naming what to do."""
+    from unit.testbed.perfmodel.test_calibration import synthetic_bench
+
+    (tmp_path / "profiles").mkdir()
+    for rate, b_ar in ((10**9, 0.9e9), (None, 6e9)):
+        c = pm.calibration_from_bench(synthetic_bench(4, 200e-6, b_ar, 0.6 * b_ar, 2e-9, 1e-9), cluster="lab",
+                                      rate_bps=rate)  # fmt: skip
+        (tmp_path / "profiles" / pm.calibration_filename("lab", "gloo", 4, rate)).write_text(
+            json.dumps(pm.calibration_to_dict(c)))  # fmt: skip
+    argv = ["predict", "--profile", str(profile_file), "--world-size", "4", "--profiles", str(tmp_path / "profiles")]
+    assert run([*argv, "--bw", "1gbit,none", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["bandwidths_bps"] == pytest.approx([1e9, 6e9]) and data["unshaped_bps"] == pytest.approx(6e9)
+    assert data["extrapolated_bps"] == []
+    assert run([*argv, "--bw", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "unshaped" in out and "(6gbit)" in out  # the row's label (a narrow table wraps it)
+    with pytest.raises(InputError, match=r"^--bw none: .*there is none \(`testbed calibrate --bw none`\)"):
+        run([*argv, "--bw", "1gbit,none", "--calibration", "none"])
+
+
 # ---------------------------------------------------------------------------------------------- calibrate --bw list
 def _calibrate_args(bw, **flags):
     parser = argparse.ArgumentParser(prog="testbed")
