@@ -143,33 +143,87 @@ HOLDOUT_SPACE = {
     "bucket_cap_mb": (5, 25, 50),  # DDP's bucket cap: many small buckets, torch's default, few large ones
 }
 HOLDOUT_LEDGER = REPO / "bench" / "holdout_results.jsonl"
-# seconds per iteration on a 2-core machine, per model at batch 32 with 4 co-located ranks (documented runs)
-STEP_S = {"cnn": 0.15, "mlp": 0.02, "resnet18": 1.2, "resnet50": 3.5, "bert-base": 6.0}
+# What one configuration costs on this machine, to plan a seed's sittings and to leave out what it cannot run.
+# Forward + backward seconds per sample for one rank with a core to itself: the co-located profiles of seed 1
+# (2026-12-05: resnet18 bs16 on 3 ranks 0.19 s, cnn bs64 on 5 ranks 0.115 s, bert-base bs8 on 3 ranks 11.75 s) and
+# docs/benchmarks.md (h4all: resnet18 bs32 on 4 ranks 0.59 s; h4r50b: resnet50 bs32 on 4 ranks 2.05 s), each divided
+# by its co-location (ranks / cores).
+STEP_S_PER_SAMPLE = {"cnn": 0.0007, "mlp": 0.0001, "resnet18": 0.009, "resnet50": 0.032, "bert-base": 0.98}
+MODEL_BYTES = {"cnn": 22e3, "mlp": 1e6, "resnet18": 46.8e6, "resnet50": 102e6, "bert-base": 438e6}  # fp32 gradients
+# a rank's resident memory, GB: fixed (torch, parameters, gradients, buckets, momentum) + per sample (activations);
+# bert-base bs8 measured 3.6 GB a rank in seed 1's profile
+RANK_GB = {"cnn": (0.5, 0.001), "mlp": (0.4, 0.0), "resnet18": (0.9, 0.01), "resnet50": (1.5, 0.04),
+           "bert-base": (2.7, 0.11)}  # fmt: skip
+UNSHAPED_BPS = 5e9  # what gloo's collectives reached on unshaped veth links here (calibrations: 4.6-8.7 Gbit/s)
+WIRE_FRACTION = {"syncsgd": 1.0, "fp16": 0.5, "bf16": 0.5}  # of sync SGD's bytes; the low-rank/sparse ones ~5 %
 
 
-def draw_configs(seed: int, n: int) -> list[dict]:
-    """N configurations drawn from HOLDOUT_SPACE with `seed` (the same seed draws the same ones)."""
+def draw_configs(seed: int, n: int, reject=lambda _cfg: None) -> tuple[list[dict], list[tuple[dict, str]]]:
+    """N configurations drawn from HOLDOUT_SPACE with `seed` (the same seed draws the same ones), each drawn one that
+    `reject` names a reason for left out and drawn again; returns (kept, [(left out, why)]). The draw is made before
+    anything is measured, so what is left out depends on the machine, never on a result."""
     import random
 
     rng, sp = random.Random(seed), HOLDOUT_SPACE
-    out = []
-    for _ in range(n):
+    out: list[dict] = []
+    left_out: list[tuple[dict, str]] = []
+    while len(out) < n and len(left_out) < 100 * n:
         k = rng.randint(*sp["rate_count"])
         rates = sorted(rng.sample(sp["rates"], k), key=sp["rates"].index)
-        out.append({"model": rng.choice(sp["models"]), "hosts": rng.randint(*sp["hosts"]),
-                    "batch_size": rng.choice(sp["batch"]),
-                    "compressors": ["syncsgd", *rng.sample(sp["compressors"], rng.randint(2, 4))],
-                    "bw": [*rates, "none"], "bucket_cap_mb": rng.choice(sp["bucket_cap_mb"])})  # fmt: skip
-    return out
+        cfg = {"model": rng.choice(sp["models"]), "hosts": rng.randint(*sp["hosts"]),
+               "batch_size": rng.choice(sp["batch"]),
+               "compressors": ["syncsgd", *rng.sample(sp["compressors"], rng.randint(2, 4))],
+               "bw": [*rates, "none"], "bucket_cap_mb": rng.choice(sp["bucket_cap_mb"])}  # fmt: skip
+        why = reject(cfg)
+        if why:
+            left_out.append((cfg, why))
+        else:
+            out.append(cfg)
+    return out, left_out
+
+
+def step_s(cfg: dict) -> float:
+    """Forward + backward of one step with the configuration's ranks sharing this machine's cores."""
+    share = max(1.0, cfg["hosts"] / (os.cpu_count() or 1))
+    return STEP_S_PER_SAMPLE.get(cfg["model"], 0.01) * cfg["batch_size"] * share
+
+
+def wire_s(cfg: dict, compressor: str, rate: str) -> float:
+    """A step's ring all-reduce time at `rate` ('none': unshaped) for what `compressor` sends."""
+    from shaping.units import is_unshaped, parse_rate_bps
+
+    n = cfg["hosts"]
+    bps = UNSHAPED_BPS if is_unshaped(rate) else parse_rate_bps(rate)
+    nbytes = MODEL_BYTES.get(cfg["model"], 50e6) * WIRE_FRACTION.get(compressor, 0.05)
+    return 2 * (n - 1) / n * nbytes * 8 / bps
 
 
 def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int) -> float:
-    """A rough wall time: trials (steps x rates x compressors x repeats, slower at low rates), profiles, calibrations."""
-    step = STEP_S.get(cfg["model"], 1.0) * cfg["batch_size"] / 32 * max(1.0, cfg["hosts"] / 4)
-    trials = len(cfg["bw"]) * len(cfg["compressors"]) * repeats
-    per_trial = 15 + (iters + warmup) * step * 1.5  # start-up, probe, shaping; low rates stretch the steps
-    profile = repeats * (60 + 3 * len(cfg["compressors"]) * max(10, iters) * step)
-    return trials * per_trial + profile + 40 * len(cfg["bw"])
+    """A rough wall time: every trial's steps (compute and the wire at its rate), the co-located profiles of each
+    repetition, and a calibration per rate."""
+    step = step_s(cfg)
+    trials = sum(15 + (iters + warmup) * (step + wire_s(cfg, c, r))
+                 for c in cfg["compressors"] for r in cfg["bw"]) * repeats  # fmt: skip
+    profiles = repeats * (60 + 1.5 * len(cfg["compressors"]) * max(10, iters) * step)
+    return trials + profiles + 110 * len(cfg["bw"])
+
+
+def rank_gb(cfg: dict) -> float:
+    fixed, per_sample = RANK_GB.get(cfg["model"], (1.0, 0.02))
+    return fixed + per_sample * cfg["batch_size"]
+
+
+def why_infeasible(cfg: dict, iters: int, repeats: int, warmup: int, max_min: float) -> str | None:
+    """Why this machine cannot run the configuration in one sitting (None: it can): its ranks' memory beyond 80 % of
+    this machine's, or an estimated wall time beyond `max_min` minutes (0: no limit)."""
+    ram_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    need = cfg["hosts"] * rank_gb(cfg)
+    if need > 0.8 * ram_gb:
+        return f"{cfg['hosts']} ranks need about {need:.0f} GB, this machine has {ram_gb:.0f}"
+    est = estimate_wall_s(cfg, iters, repeats, warmup) / 60
+    if max_min and est > max_min:
+        return f"about {est:.0f} min, more than --max-config-min {max_min:g}"
+    return None
 
 
 def launch_spread_pct(results: Path) -> list[float]:
@@ -200,12 +254,13 @@ def used_seeds(ledger: Path = HOLDOUT_LEDGER) -> set[int]:
 
 def holdout(args: argparse.Namespace) -> int:
     """Draw, (dry-)run and score the held-out configurations (module docstring)."""
-    configs = draw_configs(args.holdout, args.configs)
+    iters, repeats = args.iters or 10, args.repeats or 2
+    configs, left_out = draw_configs(args.holdout, args.configs, lambda c: why_infeasible(
+        c, iters, repeats, args.warmup_iters, args.max_config_min))  # fmt: skip
     if args.with_issue_config:  # issue 32's 3-host configuration, which its acceptance needs among the held-out ones
         configs.insert(0, {"model": "resnet18", "hosts": 3, "batch_size": 16,
                            "compressors": ["syncsgd", "fp16", "powersgd", "signsgd", "topk"],
                            "bw": ["100mbit", "300mbit", "1gbit", "3gbit", "none"], "bucket_cap_mb": 25})  # fmt: skip
-    iters, repeats = args.iters or 10, args.repeats or 2
     total = 0.0
     print(f"# Held-out validation, seed {args.holdout}: {len(configs)} configurations, {iters} iterations, "
           f"{repeats} repetition(s); model frozen at {git_commit()}\n")
@@ -215,6 +270,9 @@ def holdout(args: argparse.Namespace) -> int:
         print(f"{i + 1}. {c['model']} bs{c['batch_size']}, {c['hosts']} hosts, buckets {c['bucket_cap_mb']} MB, "
               f"{','.join(c['compressors'])} at "
               f"{','.join(c['bw'])} (about {est / 60:.0f} min)")
+    for c, why in left_out:
+        print(f"left out (drawn, but not runnable here in one sitting): {c['model']} bs{c['batch_size']}, "
+              f"{c['hosts']} hosts: {why}")
     print(f"\nestimated wall time: about {total / 3600:.1f} h on a quiet 2-core machine")
     if args.dry_run:
         return 0
@@ -305,6 +363,9 @@ def main() -> int:
     ap.add_argument("--with-issue-config", action="store_true",
                     help="with --holdout: also run issue 32's 3-host resnet18 bs16 configuration")
     ap.add_argument("--dry-run", action="store_true", help="with --holdout: print the draw and the wall time only")
+    ap.add_argument("--max-config-min", type=float, default=120, help="with --holdout: leave out (and draw again) a "
+                    "configuration estimated to take longer than this many minutes, or whose ranks need more than 80 %% "
+                    "of this machine's memory (default 120; 0: no time limit)")  # fmt: skip
     args = ap.parse_args()
     if args.holdout is not None:
         return holdout(args)
