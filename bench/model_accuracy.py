@@ -208,6 +208,16 @@ def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int) -> float:
     return trials + profiles + 110 * len(cfg["bw"])
 
 
+def trial_timeout_s(model: str, hosts: int, batch_size: int, compressors: str, bw: str, iters: int,
+                    warmup: int) -> int:  # fmt: skip
+    """A sweep's --timeout: 3x the slowest trial's estimate, at least the sweep's own 600 s (bert-base bs8 sync SGD
+    at 100 Mbit/s on 3 ranks, about 60 s a step, timed out at 600 s in seed 1)."""
+    cfg = {"model": model, "hosts": hosts, "batch_size": batch_size}
+    worst = max((iters + warmup) * (step_s(cfg) + wire_s(cfg, c, r))
+                for c in compressors.split(",") for r in bw.split(","))  # fmt: skip
+    return int(max(600, 3 * (worst + 60)))
+
+
 def rank_gb(cfg: dict) -> float:
     fixed, per_sample = RANK_GB.get(cfg["model"], (1.0, 0.02))
     return fixed + per_sample * cfg["batch_size"]
@@ -423,7 +433,9 @@ def main() -> int:
                     testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
                             "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
                             "--warmup-iters", str(args.warmup_iters), "--seed", str(rep), "--out", str(results),
-                            "--bucket-cap-mb", str(args.bucket_cap_mb), "--yes")  # fmt: skip
+                            "--bucket-cap-mb", str(args.bucket_cap_mb), "--yes", "--timeout",
+                            str(trial_timeout_s(m, n, args.batch_size, compressors, bw, iters, args.warmup_iters)),
+                            timeout_s=86400)  # fmt: skip
             print(pool_repeats(sorted(profiles.glob(f"{n}hosts-rep*")), profiles))
     finally:
         run_through_ctrl_c([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO,
