@@ -17,8 +17,9 @@ p5..p95, else `repeats` runs each and Welch's test):
      shorter than 1.25 e^|f| of the last rate's log-ratio f = ln(t_C / t_S): with t = compute + bytes / B, moving
      the rate by k changes f by at most ln k, so the crossing lies at least e^|f| away (measured 2026-12-04: PowerSGD
      won by f = -0.20 at the model's guess, and the step just past the precision spent 6 trials to find it again).
-     C wins at the top of the range: "always" (it pays at every rate up to `high`); C loses at the bottom: "never". (The usual shape, C faster below the crossover, is assumed only to
-     choose the direction of the step-out; a bracket found either way round is refined the same way.)
+     C wins at the top of the range: "always" (it pays at every rate up to `high`); C loses at the bottom:
+     "never". (The usual shape, C faster below the crossover, is assumed only to choose the direction of the
+     step-out; a bracket found either way round is refined the same way.)
   3. Refine the bracket (a, b) (decided rates on opposite sides) until b / a <= 1 + precision: aim at the crossing
      the line through (1/a, d(a)), (1/b, d(b)) predicts, offset by 0.45 ln(1 + precision) towards the larger part
      of the bracket, so that the next rate and the one after it straddle the crossing within the precision when the
@@ -82,7 +83,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_range(self.low_bps, self.high_bps)
-        check_precision(self.precision)
+        check_fraction(self.precision, "--precision")
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or not 1 <= self.repeats <= 20:
             raise InputError(
                 f"--repeats {self.repeats!r}: expected an integer from 1 to 20 (runs per side at a close rate)"
@@ -98,10 +99,6 @@ def check_range(low_bps: float, high_bps: float) -> None:
             f"--bw-range {format_rate(low_bps)}..{format_rate(high_bps)}: an empty or inverted range; expected "
             "LOW..HIGH with 0 < LOW < HIGH, e.g. 50mbit..25gbit"
         )
-
-
-def check_precision(precision: float) -> None:
-    check_fraction(precision, "--precision")
 
 
 def check_fraction(value: float, flag: str, lowest: float | None = None, shown: str | None = None) -> None:

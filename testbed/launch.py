@@ -143,8 +143,8 @@ def run_trial(
     """Run `trial` on `cluster`, append its row to `store` (also when it fails) and return the row.
     `trial` may still say backend auto / ranks_per_host None: it is resolved against the cluster's hosts here.
     `plugin`: what testbed.plugins.inspect said of the trial's plugin compressor (recorded in the row)."""
-    (trial,) = launch_plan.resolve_on(cluster, [trial])
     hosts = cluster.hosts()
+    (trial,) = launch_plan.resolve_on(cluster, [trial], hosts=hosts)
     store.ensure()
     say = on_phase or (lambda _msg: None)
     started = dt.datetime.now(dt.UTC)

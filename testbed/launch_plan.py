@@ -52,10 +52,11 @@ def default_ranks_per_host(hosts: list[Host]) -> int:
     return counts.pop() if len(counts) == 1 and 0 not in counts else 1
 
 
-def resolve_on(cluster: Any, trials: list[Trial], *, world_size_given: bool = True) -> list[Trial]:
-    """`resolve` each trial against the cluster's hosts and its racks (racks and uplink are part of a trial's id: a
-    rack trial is not the flat one stored beside it)."""
-    hosts, racks = cluster.hosts(), trial_shape.on_racks(cluster)
+def resolve_on(cluster: Any, trials: list[Trial], *, world_size_given: bool = True,
+               hosts: list[Host] | None = None) -> list[Trial]:  # fmt: skip
+    """`resolve` each trial against the cluster's hosts (`hosts` when the caller has them already) and its racks
+    (racks and uplink are part of a trial's id: a rack trial is not the flat one stored beside it)."""
+    hosts, racks = hosts if hosts is not None else cluster.hosts(), trial_shape.on_racks(cluster)
     return [resolve(t, hosts, world_size_given=world_size_given, racks=racks) for t in trials]
 
 

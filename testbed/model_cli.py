@@ -57,12 +57,13 @@ def parse_bandwidths(text: str, points: int) -> list[float]:
     return rates
 
 
-def resolve_unshaped(bandwidths_bps: list[float], terms: Any, world_size: int) -> tuple[list[float], float | None]:
+def resolve_unshaped(bandwidths_bps: list[float], terms: pm.ModelTerms | pm.TermsByRate,
+                     world_size: int) -> tuple[list[float], float | None]:  # fmt: skip
     """`none` (math.inf from parse_bandwidths) at the rate an unshaped link gives the collectives, the all-reduce
     bandwidth of an unshaped calibration; InputError without one. Returns the rates and that rate (None if unused)."""
     if math.inf not in bandwidths_bps:
         return bandwidths_bps, None
-    at = getattr(terms, "unshaped_rate_bps", None)
+    at = terms.unshaped_rate_bps
     if not at:
         raise InputError(
             f"--bw none: an unshaped link is predicted at the all-reduce bandwidth an unshaped calibration of "
