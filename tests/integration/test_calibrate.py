@@ -22,7 +22,9 @@ from conftest import pids_in_netns, run_cli
 
 pytestmark = pytest.mark.root
 
-SHAPED = ["--bw", "200mbit", "--sizes", "256kb,1mb,4mb", "--reps", "1"]
+# the largest size moves in about 0.3-0.6 s at 200 Mbit/s: at 256kb..4mb (80-160 ms) one stall of a loaded machine on a
+# small size made the fit refuse ("time does not grow with message size") in a full suite (2026-12-03)
+SHAPED = ["--bw", "200mbit", "--sizes", "256kb,2mb,16mb", "--reps", "1"]
 
 
 def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_path):
@@ -50,14 +52,14 @@ def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_
     # the largest size went through the shaped link: each rank receives at least the whole vector (all-reduce) or
     # the other's half (all-gather), which 200 Mbit (+10 %, and 0.8 for the HTB burst) cannot carry faster; load only
     # makes it slower
-    received = {"allreduce": 4_000_000, "allgather": 2_000_000}
+    received = {"allreduce": 16_000_000, "allgather": 8_000_000}
     for s in data["samples"]:
-        if s["bytes"] == 4_000_000:
+        if s["bytes"] == 16_000_000:
             assert s["wall_s"] >= 0.8 * received[s["collective"]] * 8 / 220e6, s
     # the contention probe: a stream of each collective beside CNN training steps, at the smallest and the largest
     # size; the fit's contention terms come from them (>= 0 by construction)
     assert sorted((c["collective"], c["bytes"]) for c in data["contention"]) == [
-        ("allgather", 256_000), ("allgather", 4_000_000), ("allreduce", 256_000), ("allreduce", 4_000_000)]  # fmt: skip
+        ("allgather", 256_000), ("allgather", 16_000_000), ("allreduce", 256_000), ("allreduce", 16_000_000)]  # fmt: skip
     assert all(c["wall_s"] > 0 and c["stolen_s"] >= 0 for c in data["contention"])
     assert fitted["contention_latency_s"] >= 0 and fitted["contention_s_per_wire_byte"] >= 0
     # the lockstep probe: every step of the ranks' lockstep training, the slowest rank's lateness (>= 0: max - median)
@@ -80,7 +82,7 @@ def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_
     # beside one cross-traffic flow (--cross-traffic 1): stored apart with its flow count, the iperf3 flows ended with
     # it, the shaping back, and predict for trials without cross traffic still takes the calibration above (how
     # much slower the collectives run beside the flows is bench/topologies.py's figure, not a test's)
-    done = testbed_cli("calibrate", "--name", name, "--bw", "200mbit", "--sizes", "256kb,4mb", "--reps", "1",
+    done = testbed_cli("calibrate", "--name", name, "--bw", "200mbit", "--sizes", "256kb,8mb", "--reps", "1",
                        "--cross-traffic", "1", "--out", str(out), "--json", timeout_s=240)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["cross_traffic"] == 1
