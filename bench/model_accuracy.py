@@ -30,12 +30,17 @@ another commit, seed or setting is refused. What is stored is kept: a finished c
 calibrations, each repetition's profiles and every trial (the sweep skips stored trials).
 
     python bench/model_accuracy.py --holdout 7 --configs 8 --repeats 2 --dry-run
+
+`--min-measured-s S` gives each trial enough measured steps (by the estimate of its step, at most MAX_ITERS) to last
+S seconds, its warm-up in proportion: a fast step on shared cores is noisy and cheap, a slow wire-bound one steady and
+dear. Each group of trials with the same counts is one `testbed sweep`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -198,23 +203,49 @@ def wire_s(cfg: dict, compressor: str, rate: str) -> float:
     return 2 * (n - 1) / n * nbytes * 8 / bps
 
 
-def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int) -> float:
+MAX_ITERS = 40  # what --min-measured-s raises a trial's measured iterations to at most
+
+
+def trial_iters(cfg: dict, compressor: str, rate: str, iters: int, warmup: int, min_measured_s: float) -> tuple[int, int]:
+    """(measured, warm-up) iterations of one trial: at least `iters` and `warmup`, and enough measured steps (by the
+    estimate of its step, compute and wire) to last `min_measured_s`, at most MAX_ITERS; warm-up in proportion. A
+    bootstrap over seed 1's trials put the median of 6 steps within 5-7 % (its SD) of the trial's own: fast steps on
+    shared cores are noisy, slow wire-bound ones are not, and cost most per step."""
+    if min_measured_s <= 0:
+        return iters, warmup
+    step = step_s(cfg) + wire_s(cfg, compressor, rate)
+    n = min(MAX_ITERS, max(iters, math.ceil(min_measured_s / step)))
+    return n, max(warmup, math.ceil(warmup * n / iters))
+
+
+def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int, min_measured_s: float = 0.0) -> float:
     """A rough wall time: every trial's steps (compute and the wire at its rate), the co-located profiles of each
     repetition, and a calibration per rate."""
     step = step_s(cfg)
-    trials = sum(15 + (iters + warmup) * (step + wire_s(cfg, c, r))
+    trials = sum(15 + sum(trial_iters(cfg, c, r, iters, warmup, min_measured_s)) * (step + wire_s(cfg, c, r))
                  for c in cfg["compressors"] for r in cfg["bw"]) * repeats  # fmt: skip
     profiles = repeats * (60 + 1.5 * len(cfg["compressors"]) * max(10, iters) * step)
     return trials + profiles + 110 * len(cfg["bw"])
 
 
-def trial_timeout_s(model: str, hosts: int, batch_size: int, compressors: str, bw: str, iters: int,
-                    warmup: int) -> int:  # fmt: skip
+def sweep_groups(cfg: dict, iters: int, warmup: int, min_measured_s: float) -> list[tuple[list, list, int, int]]:
+    """The trials of one configuration as `testbed sweep` grids: (rates, compressors, measured, warm-up iterations)
+    each, the trials of a grid with the same counts. Without --min-measured-s, one grid of every rate and
+    compressor."""
+    grids: dict[tuple, list[str]] = {}
+    for r in cfg["bw"]:
+        by_count: dict[tuple[int, int], list[str]] = {}
+        for c in cfg["compressors"]:
+            by_count.setdefault(trial_iters(cfg, c, r, iters, warmup, min_measured_s), []).append(c)
+        for (n, w), cs in by_count.items():
+            grids.setdefault((tuple(cs), n, w), []).append(r)
+    return [(rates, list(cs), n, w) for (cs, n, w), rates in grids.items()]
+
+
+def trial_timeout_s(cfg: dict, compressors: list[str], rates: list[str], iters: int, warmup: int) -> int:
     """A sweep's --timeout: 3x the slowest trial's estimate, at least the sweep's own 600 s (bert-base bs8 sync SGD
     at 100 Mbit/s on 3 ranks, about 60 s a step, timed out at 600 s in seed 1)."""
-    cfg = {"model": model, "hosts": hosts, "batch_size": batch_size}
-    worst = max((iters + warmup) * (step_s(cfg) + wire_s(cfg, c, r))
-                for c in compressors.split(",") for r in bw.split(","))  # fmt: skip
+    worst = max((iters + warmup) * (step_s(cfg) + wire_s(cfg, c, r)) for c in compressors for r in rates)
     return int(max(600, 3 * (worst + 60)))
 
 
@@ -223,14 +254,15 @@ def rank_gb(cfg: dict) -> float:
     return fixed + per_sample * cfg["batch_size"]
 
 
-def why_infeasible(cfg: dict, iters: int, repeats: int, warmup: int, max_min: float) -> str | None:
+def why_infeasible(cfg: dict, iters: int, repeats: int, warmup: int, max_min: float,
+                   min_measured_s: float = 0.0) -> str | None:  # fmt: skip
     """Why this machine cannot run the configuration in one sitting (None: it can): its ranks' memory beyond 80 % of
     this machine's, or an estimated wall time beyond `max_min` minutes (0: no limit)."""
     ram_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     need = cfg["hosts"] * rank_gb(cfg)
     if need > 0.8 * ram_gb:
         return f"{cfg['hosts']} ranks need about {need:.0f} GB, this machine has {ram_gb:.0f}"
-    est = estimate_wall_s(cfg, iters, repeats, warmup) / 60
+    est = estimate_wall_s(cfg, iters, repeats, warmup, min_measured_s) / 60
     if max_min and est > max_min:
         return f"about {est:.0f} min, more than --max-config-min {max_min:g}"
     return None
@@ -266,16 +298,18 @@ def holdout(args: argparse.Namespace) -> int:
     """Draw, (dry-)run and score the held-out configurations (module docstring)."""
     iters, repeats = args.iters or 10, args.repeats or 2
     configs, left_out = draw_configs(args.holdout, args.configs, lambda c: why_infeasible(
-        c, iters, repeats, args.warmup_iters, args.max_config_min))  # fmt: skip
+        c, iters, repeats, args.warmup_iters, args.max_config_min, args.min_measured_s))  # fmt: skip
     if args.with_issue_config:  # issue 32's 3-host configuration, which its acceptance needs among the held-out ones
         configs.insert(0, {"model": "resnet18", "hosts": 3, "batch_size": 16,
                            "compressors": ["syncsgd", "fp16", "powersgd", "signsgd", "topk"],
                            "bw": ["100mbit", "300mbit", "1gbit", "3gbit", "none"], "bucket_cap_mb": 25})  # fmt: skip
     total = 0.0
-    print(f"# Held-out validation, seed {args.holdout}: {len(configs)} configurations, {iters} iterations, "
+    more = (f" (up to {MAX_ITERS} where {iters} would measure less than {args.min_measured_s:g} s)"
+            if args.min_measured_s > 0 else "")  # fmt: skip
+    print(f"# Held-out validation, seed {args.holdout}: {len(configs)} configurations, {iters} iterations{more}, "
           f"{repeats} repetition(s); model frozen at {git_commit()}\n")
     for i, c in enumerate(configs):
-        est = estimate_wall_s(c, iters, repeats, args.warmup_iters)
+        est = estimate_wall_s(c, iters, repeats, args.warmup_iters, args.min_measured_s)
         total += est
         print(f"{i + 1}. {c['model']} bs{c['batch_size']}, {c['hosts']} hosts, buckets {c['bucket_cap_mb']} MB, "
               f"{','.join(c['compressors'])} at "
@@ -292,7 +326,7 @@ def holdout(args: argparse.Namespace) -> int:
     # a seed takes longer than one sitting: rerunning the same command with the same --out resumes it, with the model
     # still frozen at the commit it started from (a configuration, calibration, profile or trial stored is kept)
     plan = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
-            "warmup_iters": args.warmup_iters}  # fmt: skip
+            "warmup_iters": args.warmup_iters, "min_measured_s": args.min_measured_s}  # fmt: skip
     state = work / "holdout.json"
     if state.is_file():
         started = json.loads(state.read_text())
@@ -315,7 +349,8 @@ def holdout(args: argparse.Namespace) -> int:
             argv = [sys.executable, str(Path(__file__).resolve()), "--models", c["model"], "--hosts", str(c["hosts"]),
                     "--bw", ",".join(c["bw"]), "--compressors", ",".join(c["compressors"]), "--batch-size",
                     str(c["batch_size"]), "--iters", str(iters), "--repeats", str(repeats), "--warmup-iters",
-                    str(args.warmup_iters), "--calibrate-bw", ",".join(c["bw"]), "--bucket-cap-mb",
+                    str(args.warmup_iters), "--min-measured-s", str(args.min_measured_s), "--calibrate-bw",
+                    ",".join(c["bw"]), "--bucket-cap-mb",
                     str(c["bucket_cap_mb"]), "--out", str(out)]  # fmt: skip
             log = work / f"config{i + 1}.md"  # appended to: a resumed configuration keeps each sitting's output
             with log.open("a") as f:
@@ -335,6 +370,7 @@ def holdout(args: argparse.Namespace) -> int:
                   f"apart (median); so far ({len(errors)} predictions): median {statistics.median(errors):.1f} %, "
                   f"worst {max(errors):.1f} %", flush=True)  # fmt: skip
     result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
+              "min_measured_s": args.min_measured_s,
               "median_error_pct": statistics.median(errors) if errors else None,
               "worst_error_pct": max(errors) if errors else None,
               "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
@@ -361,6 +397,9 @@ def main() -> int:
     ap.add_argument("--warmup-iters", type=int, default=5,
                     help="unmeasured steps per trial (default: %(default)s, as `testbed run`; at 4 ranks on 2 cores "
                     "Sign-SGD, Top-K and PowerSGD are still 14-45 %% slower in steps 3-4 than in steps 7-8)")
+    ap.add_argument("--min-measured-s", type=float, default=0.0,
+                    help=f"raise a trial's measured iterations (to at most {MAX_ITERS}) until, by the estimate of its "
+                    "step, they last this long, and its warm-up in proportion (default 0: --iters for every trial)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket cap of profiles and trials")
     ap.add_argument("--calibrate-bw", default="1gbit,none",
@@ -430,12 +469,14 @@ def main() -> int:
                             "--colocated", str(n), "--out", str(rep_dir), "--iters", str(max(10, iters)),
                             "--compressors", profiled, "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
                 for m in models:
-                    testbed("sweep", "--name", NAME, "--bw", bw, "--compressor", compressors, "--world-size", str(n),
-                            "--model", m, "--batch-size", str(args.batch_size), "--iters", str(iters),
-                            "--warmup-iters", str(args.warmup_iters), "--seed", str(rep), "--out", str(results),
-                            "--bucket-cap-mb", str(args.bucket_cap_mb), "--yes", "--timeout",
-                            str(trial_timeout_s(m, n, args.batch_size, compressors, bw, iters, args.warmup_iters)),
-                            timeout_s=86400)  # fmt: skip
+                    cfg = {"model": m, "hosts": n, "batch_size": args.batch_size, "bw": bw.split(","),
+                           "compressors": compressors.split(",")}  # fmt: skip
+                    for rates, comps, its, warm in sweep_groups(cfg, iters, args.warmup_iters, args.min_measured_s):
+                        testbed("sweep", "--name", NAME, "--bw", ",".join(rates), "--compressor", ",".join(comps),
+                                "--world-size", str(n), "--model", m, "--batch-size", str(args.batch_size), "--iters",
+                                str(its), "--warmup-iters", str(warm), "--seed", str(rep), "--out", str(results),
+                                "--bucket-cap-mb", str(args.bucket_cap_mb), "--yes", "--timeout",
+                                str(trial_timeout_s(cfg, comps, rates, its, warm)), timeout_s=86400)  # fmt: skip
             print(pool_repeats(sorted(profiles.glob(f"{n}hosts-rep*")), profiles))
     finally:
         run_through_ctrl_c([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO,
