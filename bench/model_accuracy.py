@@ -282,6 +282,26 @@ def launch_spread_pct(results: Path) -> list[float]:
     return [float(v) for v in (g["max"] / g["min"] - 1) * 100]
 
 
+def sampling_sd_pct(results: Path, draws: int = 400) -> list[float]:
+    """Per trial: how far the median of its measured steps (each the slowest rank's) would move if the same steps were
+    drawn again, the SD of a bootstrap over them in % of the median. Next to the launch spread it says how much of
+    that spread is the sample of steps (more steps cut it: --min-measured-s) and how much the launch itself."""
+    import random
+
+    from runners.timing import slowest_rank_steps
+
+    rng, out = random.Random(0), []
+    for summary in sorted(results.glob("trials/*/summary.json")):
+        per_rank = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
+                    for f in sorted(summary.parent.glob("rank*.jsonl"))]  # fmt: skip
+        steps = slowest_rank_steps(per_rank) if per_rank else []
+        if len(steps) >= 3:
+            med = statistics.median(steps)
+            boot = [statistics.median(rng.choices(steps, k=len(steps))) for _ in range(draws)]
+            out.append(statistics.pstdev(boot) / med * 100)
+    return out
+
+
 def git_commit() -> str:
     done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "testbed/perfmodel"], cwd=REPO, capture_output=True, text=True)
@@ -339,7 +359,7 @@ def holdout(args: argparse.Namespace) -> int:
     else:
         work.mkdir(parents=True, exist_ok=True)
         state.write_text(json.dumps(plan, indent=1))
-    errors, verdicts, spreads = [], [], []
+    errors, verdicts, spreads, samplings = [], [], [], []
     for i, c in enumerate(configs):
         out = work / f"config{i + 1}"
         if (out / "report" / "prediction_error.csv").is_file():
@@ -364,10 +384,13 @@ def holdout(args: argparse.Namespace) -> int:
         verdicts += [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
         spread = launch_spread_pct(out / "results")
         spreads += spread
+        sampling = sampling_sd_pct(out / "results")
+        samplings += sampling
         if errors:  # where the seed stands after each configuration: a seed's sittings end anywhere
             print(f"configuration {i + 1}: median |error| {err['error_pct'].abs().median():.1f} %, worst "
                   f"{err['error_pct'].abs().max():.1f} %, its launches {statistics.median(spread or [0]):.1f} % "
-                  f"apart (median); so far ({len(errors)} predictions): median {statistics.median(errors):.1f} %, "
+                  f"apart, a trial's median step {statistics.median(sampling or [0]):.1f} % (bootstrap SD; medians); "
+                  f"so far ({len(errors)} predictions): median {statistics.median(errors):.1f} %, "
                   f"worst {max(errors):.1f} %", flush=True)  # fmt: skip
     result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
               "min_measured_s": args.min_measured_s,
@@ -375,6 +398,7 @@ def holdout(args: argparse.Namespace) -> int:
               "worst_error_pct": max(errors) if errors else None,
               "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
               "launch_spread_median_pct": statistics.median(spreads) if spreads else None,
+              "sampling_sd_median_pct": statistics.median(samplings) if samplings else None,
               "machine": os.uname().nodename,
               "cores": os.cpu_count()}  # fmt: skip
     with HOLDOUT_LEDGER.open("a") as f:
@@ -500,6 +524,10 @@ def main() -> int:
         print(md(err.drop(columns=["trial_id", "abs_error_pct"]).round(1)))
     print("\n## Warm-up: were the trials steady?\n")
     print(warmup_trend(results))
+    spread, sampling = launch_spread_pct(results), sampling_sd_pct(results)
+    print(f"\n## Noise\n\nthe launches of a setting lie {statistics.median(spread or [0]):.1f} % apart (median of "
+          f"{len(spread)}); a trial's median step moves {statistics.median(sampling or [0]):.1f} % if its steps are "
+          f"drawn again (bootstrap SD, median of {len(sampling)} trials)\n")  # fmt: skip
     for note in report["notes"]:
         print(f"- note: {note}")
     print(f"\nreport: {report['html']}")
