@@ -47,11 +47,11 @@ def _base_trials(args: argparse.Namespace, low_bps: int) -> list:
 
 def cmd_crossover(args: argparse.Namespace) -> int:
     from testbed.crossover_run import find_crossovers
-    from testbed.crossover_search import Settings, parse_precision
+    from testbed.crossover_search import Settings, parse_fraction
 
     low, high = parse_range(args.bw_range)
-    precision = parse_precision(args.precision)
-    gap = parse_precision(args.one_run_gap, "--one-run-gap", lowest=0.0)
+    precision = parse_fraction(args.precision)
+    gap = parse_fraction(args.one_run_gap, "--one-run-gap", lowest=0.0)
     settings = Settings(low, high, precision, args.repeats, one_run_gap=gap)
     trials = _base_trials(args, low)
     profiles = Path(args.profiles) if args.profiles else Path(args.out).resolve().parent / "profiles"

@@ -111,8 +111,8 @@ def check_fraction(value: float, flag: str, lowest: float | None = None, shown: 
         raise InputError(f"{flag} {shown or repr(value)}: expected a fraction in {span}, e.g. 10% or 0.1")
 
 
-def parse_precision(text: str, flag: str = "--precision", lowest: float | None = None) -> float:
-    """`10%` or `0.1` -> 0.1 (InputError naming `flag` and what is accepted)."""
+def parse_fraction(text: str, flag: str = "--precision", lowest: float | None = None) -> float:
+    """`10%` or `0.1` -> 0.1, for --precision and --one-run-gap (InputError naming `flag` and what is accepted)."""
     t = str(text).strip()
     try:
         value = float(t[:-1]) / 100 if t.endswith("%") else float(t)

@@ -222,19 +222,19 @@ def test_bad_settings_are_one_line_errors(kwargs, word):
 
 @pytest.mark.parametrize(("text", "value"), [("10%", 0.1), ("0.05", 0.05), ("2.5%", 0.025)])
 def test_precision_parses_percent_and_fraction(text, value):
-    assert cs.parse_precision(text) == pytest.approx(value)
+    assert cs.parse_fraction(text) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("text", ["0", "0%", "abc", "nan", "-5%", "%"])
 def test_bad_precision_is_refused(text):
     with pytest.raises(InputError, match="--precision"):
-        cs.parse_precision(text)
+        cs.parse_fraction(text)
 
 
 def test_the_one_run_gap_may_be_zero_but_not_negative():
-    assert cs.parse_precision("0", "--one-run-gap", lowest=0.0) == 0.0
+    assert cs.parse_fraction("0", "--one-run-gap", lowest=0.0) == 0.0
     with pytest.raises(InputError, match=r"^--one-run-gap -5%: expected a fraction in \[0, 10\]"):
-        cs.parse_precision("-5%", "--one-run-gap", lowest=0.0)
+        cs.parse_fraction("-5%", "--one-run-gap", lowest=0.0)
 
 
 def test_noisy_curves_still_bracket_or_tie_around_the_crossover():
