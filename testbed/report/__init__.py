@@ -220,18 +220,8 @@ def build_report(
     )
     cx_show = crossovers.drop(columns=["measured_bps", "predicted_bps"])
 
-    render.write_markdown(
-        out / "summary.md",
-        headline=head,
-        baseline=desc,
-        status_line=status_line,
-        settings=settings,
-        notes=notes,
-        matrix=matrix,
-        crossovers=cx_show,
-        error_summary=err_summary,
-        figures=figures,
-    )
+    summary = render.Summary(head, desc, status_line, settings, notes, matrix, cx_show, err_summary, errors, figures)
+    render.write_markdown(out / "summary.md", summary)
     if tta["markdown"]:
         with open(out / "summary.md", "a") as f:
             f.write(tta["markdown"])
@@ -241,18 +231,7 @@ def build_report(
             points.to_csv(out / f"{name}.csv", index=False)
             with open(out / "summary.md", "a") as f:
                 f.write(markdown(points))
-    render.write_html(
-        out / "report.html",
-        headline=head,
-        baseline=desc,
-        status_line=status_line,
-        settings=settings,
-        notes=notes,
-        matrix=matrix,
-        crossovers=cx_show,
-        errors=errors,
-        figures=figures,
-    )
+    render.write_html(out / "report.html", summary)
     return ReportResult(
         out,
         out / "report.html",

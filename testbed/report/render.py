@@ -6,6 +6,7 @@ import base64
 import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -40,79 +41,71 @@ table.t td,table.t th{border:1px solid #ccc;padding:3px 8px;text-align:right}h1{
 .headline{font-size:1.2em;font-weight:bold;background:#eef;padding:.5em}img{max-width:100%}"""
 
 
-def write_markdown(
-    path: Path,
-    *,
-    headline: str,
-    baseline: str,
-    status_line: str,
-    settings: str,
-    notes: Sequence[str],
-    matrix: pd.DataFrame,
-    crossovers: pd.DataFrame,
-    error_summary: pd.DataFrame,
-    figures: Sequence[tuple[str, Path]],
-) -> Path:
+@dataclass(frozen=True)
+class Summary:
+    """What summary.md and report.html show, the same in both."""
+
+    headline: str
+    baseline: str
+    status_line: str
+    settings: str
+    notes: Sequence[str]
+    matrix: pd.DataFrame
+    crossovers: pd.DataFrame
+    error_summary: pd.DataFrame  # per compressor (summary.md)
+    errors: pd.DataFrame  # per trial (report.html)
+    figures: Sequence[tuple[str, Path]]
+
+
+def write_markdown(path: Path, s: Summary) -> Path:
     """summary.md: headline, notes, the speedup matrix, crossovers, prediction errors and links to the figures."""
     md = [
-        f"# Gradient compression report\n\n**{headline}**\n",
-        f"Baseline: {baseline}. Speedup = baseline iteration time / "
+        f"# Gradient compression report\n\n**{s.headline}**\n",
+        f"Baseline: {s.baseline}. Speedup = baseline iteration time / "
         f"compressor iteration time at the same model, batch, workers and bandwidth; ~ marks a tie (the repeated "
         f"trials do not tell the two apart there).\n",
-        f"{status_line}.\n",
-        f"{settings}.\n",
+        f"{s.status_line}.\n",
+        f"{s.settings}.\n",
     ]
-    if notes:
-        md.append("## Notes\n\n" + "".join(f"- {n}\n" for n in notes))
+    if s.notes:
+        md.append("## Notes\n\n" + "".join(f"- {n}\n" for n in s.notes))
     md += [
         "## Speedup matrix\n",
-        md_table(matrix),
+        md_table(s.matrix),
         "## Crossover bandwidth (measured vs predicted)\n",
-        md_table(crossovers),
+        md_table(s.crossovers),
         "## Prediction error (median |predicted - measured| / measured per compressor)\n",
-        md_table(error_summary),
+        md_table(s.error_summary),
         "Per configuration (repeated trials pooled by their median): `prediction_error.csv`.\n",
         "## Figures\n",
     ]
-    md += [f"- {title}: ![{title}]({p.name})\n" for title, p in figures]
+    md += [f"- {title}: ![{title}]({p.name})\n" for title, p in s.figures]
     path.write_text("\n".join(md))
     return path
 
 
-def write_html(
-    path: Path,
-    *,
-    headline: str,
-    baseline: str,
-    status_line: str,
-    settings: str,
-    notes: Sequence[str],
-    matrix: pd.DataFrame,
-    crossovers: pd.DataFrame,
-    errors: pd.DataFrame,
-    figures: Sequence[tuple[str, Path]],
-) -> Path:
+def write_html(path: Path, s: Summary) -> Path:
     """report.html: the same content with the figures embedded as data URIs (opens without network)."""
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>Gradient compression report</title>"
         f"<style>{CSS}</style></head><body><h1>Gradient compression report</h1>",
-        f"<p class='headline'>{html.escape(headline)}</p><p>Baseline: {html.escape(baseline)}. "
-        f"{html.escape(status_line)}. {html.escape(settings)}.</p>",
+        f"<p class='headline'>{html.escape(s.headline)}</p><p>Baseline: {html.escape(s.baseline)}. "
+        f"{html.escape(s.status_line)}. {html.escape(s.settings)}.</p>",
     ]
-    if notes:
-        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>")
+    if s.notes:
+        parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in s.notes) + "</ul>")
     parts += [
         "<h2>Speedup matrix</h2>",
-        html_table(matrix),
+        html_table(s.matrix),
         "<h2>Crossover bandwidth</h2>",
-        html_table(crossovers),
+        html_table(s.crossovers),
         "<h2>Figures</h2>",
     ]
-    for title, p in figures:
+    for title, p in s.figures:
         data = base64.b64encode(p.read_bytes()).decode("ascii")
         parts.append(
             f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
         )
-    parts += ["<h2>Prediction error per trial</h2>", html_table(errors), "</body></html>"]
+    parts += ["<h2>Prediction error per trial</h2>", html_table(s.errors), "</body></html>"]
     path.write_text("\n".join(parts))
     return path
