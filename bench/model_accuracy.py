@@ -203,6 +203,11 @@ def wire_s(cfg: dict, compressor: str, rate: str) -> float:
     return 2 * (n - 1) / n * nbytes * 8 / bps
 
 
+def trial_step_s(cfg: dict, compressor: str, rate: str) -> float:
+    """One step of a trial by the estimate: compute, then the wire (as if nothing hid it)."""
+    return step_s(cfg) + wire_s(cfg, compressor, rate)
+
+
 MAX_ITERS = 40  # what --min-measured-s raises a trial's measured iterations to at most
 
 
@@ -213,18 +218,16 @@ def trial_iters(cfg: dict, compressor: str, rate: str, iters: int, warmup: int, 
     shared cores are noisy, slow wire-bound ones are not, and cost most per step."""
     if min_measured_s <= 0:
         return iters, warmup
-    step = step_s(cfg) + wire_s(cfg, compressor, rate)
-    n = min(MAX_ITERS, max(iters, math.ceil(min_measured_s / step)))
+    n = min(MAX_ITERS, max(iters, math.ceil(min_measured_s / trial_step_s(cfg, compressor, rate))))
     return n, max(warmup, math.ceil(warmup * n / iters))
 
 
 def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int, min_measured_s: float = 0.0) -> float:
     """A rough wall time: every trial's steps (compute and the wire at its rate), the co-located profiles of each
     repetition, and a calibration per rate."""
-    step = step_s(cfg)
-    trials = sum(15 + sum(trial_iters(cfg, c, r, iters, warmup, min_measured_s)) * (step + wire_s(cfg, c, r))
+    trials = sum(15 + sum(trial_iters(cfg, c, r, iters, warmup, min_measured_s)) * trial_step_s(cfg, c, r)
                  for c in cfg["compressors"] for r in cfg["bw"]) * repeats  # fmt: skip
-    profiles = repeats * (60 + 1.5 * len(cfg["compressors"]) * max(10, iters) * step)
+    profiles = repeats * (60 + 1.5 * len(cfg["compressors"]) * max(10, iters) * step_s(cfg))
     return trials + profiles + 110 * len(cfg["bw"])
 
 
@@ -245,7 +248,7 @@ def sweep_groups(cfg: dict, iters: int, warmup: int, min_measured_s: float) -> l
 def trial_timeout_s(cfg: dict, compressors: list[str], rates: list[str], iters: int, warmup: int) -> int:
     """A sweep's --timeout: 3x the slowest trial's estimate, at least the sweep's own 600 s (bert-base bs8 sync SGD
     at 100 Mbit/s on 3 ranks, about 60 s a step, timed out at 600 s in seed 1)."""
-    worst = max((iters + warmup) * (step_s(cfg) + wire_s(cfg, c, r)) for c in compressors for r in rates)
+    worst = max((iters + warmup) * trial_step_s(cfg, c, r) for c in compressors for r in rates)
     return int(max(600, 3 * (worst + 60)))
 
 
