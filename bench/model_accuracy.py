@@ -33,7 +33,8 @@ calibrations, each repetition's profiles and every trial (the sweep skips stored
 
 `--min-measured-s S` gives each trial enough measured steps (by the estimate of its step, at most MAX_ITERS) to last
 S seconds, its warm-up in proportion: a fast step on shared cores is noisy and cheap, a slow wire-bound one steady and
-dear. Each group of trials with the same counts is one `testbed sweep`.
+dear. Each group of trials with the same counts is one `testbed sweep`. The co-located profiles get enough steps too:
+their in-place floors are medians of steps as noisy as a trial's.
 """
 
 from __future__ import annotations
@@ -222,12 +223,22 @@ def trial_iters(cfg: dict, compressor: str, rate: str, iters: int, warmup: int, 
     return n, max(warmup, math.ceil(warmup * n / iters))
 
 
+def profile_iters(cfg: dict, iters: int, min_measured_s: float) -> int:
+    """Steps of a co-located profile: at least 10 and `iters`, and with `min_measured_s` enough compute steps (by the
+    estimate) to last that long, at most MAX_ITERS. Its in-place floors are medians of steps as noisy as a trial's
+    (seed 1, configuration 1: signSGD's in-place step 1.18 s in one profile, 0.90 s in the other)."""
+    least = max(10, iters)
+    if min_measured_s <= 0:
+        return least
+    return min(MAX_ITERS, max(least, math.ceil(min_measured_s / step_s(cfg))))
+
+
 def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int, min_measured_s: float = 0.0) -> float:
     """A rough wall time: every trial's steps (compute and the wire at its rate), the co-located profiles of each
     repetition, and a calibration per rate."""
     trials = sum(15 + sum(trial_iters(cfg, c, r, iters, warmup, min_measured_s)) * trial_step_s(cfg, c, r)
                  for c in cfg["compressors"] for r in cfg["bw"]) * repeats  # fmt: skip
-    profiles = repeats * (60 + 1.5 * len(cfg["compressors"]) * max(10, iters) * step_s(cfg))
+    profiles = repeats * (60 + 1.5 * len(cfg["compressors"]) * profile_iters(cfg, iters, min_measured_s) * step_s(cfg))
     return trials + profiles + 110 * len(cfg["bw"])
 
 
@@ -426,7 +437,8 @@ def main() -> int:
                     "Sign-SGD, Top-K and PowerSGD are still 14-45 %% slower in steps 3-4 than in steps 7-8)")
     ap.add_argument("--min-measured-s", type=float, default=0.0,
                     help=f"raise a trial's measured iterations (to at most {MAX_ITERS}) until, by the estimate of its "
-                    "step, they last this long, and its warm-up in proportion (default 0: --iters for every trial)")
+                    "step, they last this long, its warm-up in proportion, and a profile's steps likewise (default 0: --iters for "
+                    "every trial)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket cap of profiles and trials")
     ap.add_argument("--calibrate-bw", default="1gbit,none",
@@ -491,13 +503,14 @@ def main() -> int:
             for rep in range(repeats):
                 rep_dir = profiles / f"{n}hosts-rep{rep + 1}"
                 rep_dir.mkdir(exist_ok=True)
-                for m in (m for m in models if not any(p.model == m for p in pm.find_profiles(rep_dir))):
-                    testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads", str(threads),
-                            "--colocated", str(n), "--out", str(rep_dir), "--iters", str(max(10, iters)),
-                            "--compressors", profiled, "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
                 for m in models:
                     cfg = {"model": m, "hosts": n, "batch_size": args.batch_size, "bw": bw.split(","),
                            "compressors": compressors.split(",")}  # fmt: skip
+                    if not any(p.model == m for p in pm.find_profiles(rep_dir)):
+                        testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads",
+                                str(threads), "--colocated", str(n), "--out", str(rep_dir), "--iters",
+                                str(profile_iters(cfg, iters, args.min_measured_s)), "--compressors", profiled,
+                                "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
                     for rates, comps, its, warm in sweep_groups(cfg, iters, args.warmup_iters, args.min_measured_s):
                         testbed("sweep", "--name", NAME, "--bw", ",".join(rates), "--compressor", ",".join(comps),
                                 "--world-size", str(n), "--model", m, "--batch-size", str(args.batch_size), "--iters",
