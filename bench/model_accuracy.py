@@ -455,6 +455,10 @@ def main() -> int:
                     "configuration estimated to take longer than this many minutes, or whose ranks need more than 80 %% "
                     "of this machine's memory (default 120; 0: no time limit)")  # fmt: skip
     args = ap.parse_args()
+    if not 0 <= args.min_measured_s < math.inf:
+        ap.error(f"--min-measured-s {args.min_measured_s:g}: expected seconds >= 0")
+    if args.iters is not None and args.iters < 1:
+        ap.error(f"--iters {args.iters}: expected >= 1")
     if args.holdout is not None:
         return holdout(args)
     base = QUICK if args.quick else FULL
