@@ -282,18 +282,35 @@ def why_infeasible(cfg: dict, iters: int, repeats: int, warmup: int, max_min: fl
     return None
 
 
-def launch_spread_pct(results: Path) -> list[float]:
-    """Per configuration (model, hosts, compressor, rate) run more than once: how far its launches' medians lie apart,
-    max / min - 1 in %. The model is scored against their median; it cannot be expected to come much closer than
-    this spread, which is the machine's, not the model's."""
+def launch_medians(results: Path) -> list[list[float]]:
+    """Per setting (model, batch, world size, compressor and options, rate) run more than once: its launches' median
+    steps (seconds)."""
     from testbed.results import load_results
 
     df = load_results(results)
     df = df[df["status"] == "ok"]
     keys = ["model", "batch_size", "world_size", "compressor", "compressor_options", "rate_bps"]
-    g = df.groupby(keys, dropna=False)["iter_time_s_p50"].agg(["min", "max", "count"])
-    g = g[g["count"] > 1]
-    return [float(v) for v in (g["max"] / g["min"] - 1) * 100]
+    groups = (list(g["iter_time_s_p50"]) for _, g in df.groupby(keys, dropna=False))
+    return [[float(v) for v in g] for g in groups if len(g) > 1]
+
+
+def launch_spread_pct(results: Path) -> list[float]:
+    """Per setting run more than once: how far its launches' medians lie apart, max / min - 1 in %. The model is scored
+    against their median; it cannot be expected to come much closer than this spread, which is the machine's, not the
+    model's."""
+    return [(max(g) / min(g) - 1) * 100 for g in launch_medians(results)]
+
+
+def noise_floor_pct(results: Path) -> list[float]:
+    """Per setting run more than once: the error a model that knew the setting's true median step would be expected
+    to score against the launches' mean, in %: their mean absolute deviation / sqrt(k - 1) (for 2 launches |a - b| /
+    2, whose expectation is that of the mean's own error), over the mean. What the scores would be if the model were
+    exact: the measurement's share of them."""
+    out = []
+    for g in launch_medians(results):
+        mean = statistics.fmean(g)
+        out.append(statistics.fmean(abs(v - mean) for v in g) / math.sqrt(len(g) - 1) / mean * 100)
+    return out
 
 
 def sampling_sd_pct(results: Path, draws: int = 400) -> list[float]:
@@ -314,6 +331,22 @@ def sampling_sd_pct(results: Path, draws: int = 400) -> list[float]:
             boot = [statistics.median(rng.choices(steps, k=len(steps))) for _ in range(draws)]
             out.append(statistics.pstdev(boot) / med * 100)
     return out
+
+
+def noise(results: Path) -> dict[str, list[float]]:
+    """The measurement's own noise in a configuration's results: its launches' spread, the sample of steps inside a
+    trial, and what an exact model would score."""
+    return {"launch_spread": launch_spread_pct(results), "sampling_sd": sampling_sd_pct(results),
+            "noise_floor": noise_floor_pct(results)}  # fmt: skip
+
+
+def describe_noise(n: dict[str, list[float]]) -> str:
+    def med(values: list[float]) -> float:
+        return statistics.median(values) if values else math.nan
+
+    return (f"launches {med(n['launch_spread']):.1f} % apart, a trial's median step {med(n['sampling_sd']):.1f} % "
+            f"(bootstrap SD), an exact model's expected error {med(n['noise_floor']):.1f} % (worst "
+            f"{max(n['noise_floor'], default=math.nan):.1f} %): medians over its settings, and the largest")  # fmt: skip
 
 
 def git_commit() -> str:
@@ -373,7 +406,7 @@ def holdout(args: argparse.Namespace) -> int:
     else:
         work.mkdir(parents=True, exist_ok=True)
         state.write_text(json.dumps(plan, indent=1))
-    errors, verdicts, spreads, samplings = [], [], [], []
+    errors, verdicts, noises = [], [], {}
     for i, c in enumerate(configs):
         out = work / f"config{i + 1}"
         if (out / "report" / "prediction_error.csv").is_file():
@@ -396,23 +429,21 @@ def holdout(args: argparse.Namespace) -> int:
         err = pd.read_csv(out / "report" / "prediction_error.csv")
         errors += [abs(e) for e in err["error_pct"]]
         verdicts += [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
-        spread = launch_spread_pct(out / "results")
-        spreads += spread
-        sampling = sampling_sd_pct(out / "results")
-        samplings += sampling
+        here = noise(out / "results")
+        for k, v in here.items():
+            noises.setdefault(k, []).extend(v)
         if errors:  # where the seed stands after each configuration: a seed's sittings end anywhere
             print(f"configuration {i + 1}: median |error| {err['error_pct'].abs().median():.1f} %, worst "
-                  f"{err['error_pct'].abs().max():.1f} %, its launches {statistics.median(spread or [0]):.1f} % "
-                  f"apart, a trial's median step {statistics.median(sampling or [0]):.1f} % (bootstrap SD; medians); "
-                  f"so far ({len(errors)} predictions): median {statistics.median(errors):.1f} %, "
-                  f"worst {max(errors):.1f} %", flush=True)  # fmt: skip
+                  f"{err['error_pct'].abs().max():.1f} %; {describe_noise(here)}; so far ({len(errors)} predictions): "
+                  f"median {statistics.median(errors):.1f} %, worst {max(errors):.1f} %", flush=True)  # fmt: skip
     result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
               "min_measured_s": args.min_measured_s,
               "median_error_pct": statistics.median(errors) if errors else None,
               "worst_error_pct": max(errors) if errors else None,
               "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
-              "launch_spread_median_pct": statistics.median(spreads) if spreads else None,
-              "sampling_sd_median_pct": statistics.median(samplings) if samplings else None,
+              **{f"{k}_median_pct": statistics.median(noises[k]) if noises.get(k) else None
+                 for k in ("launch_spread", "sampling_sd", "noise_floor")},
+              "noise_floor_worst_pct": max(noises.get("noise_floor", []), default=None),
               "machine": os.uname().nodename,
               "cores": os.cpu_count()}  # fmt: skip
     with HOLDOUT_LEDGER.open("a") as f:
@@ -544,10 +575,7 @@ def main() -> int:
         print(md(err.drop(columns=["trial_id", "abs_error_pct"]).round(1)))
     print("\n## Warm-up: were the trials steady?\n")
     print(warmup_trend(results))
-    spread, sampling = launch_spread_pct(results), sampling_sd_pct(results)
-    print(f"\n## Noise\n\nthe launches of a setting lie {statistics.median(spread or [0]):.1f} % apart (median of "
-          f"{len(spread)}); a trial's median step moves {statistics.median(sampling or [0]):.1f} % if its steps are "
-          f"drawn again (bootstrap SD, median of {len(sampling)} trials)\n")  # fmt: skip
+    print(f"\n## Noise\n\n{describe_noise(noise(results))}\n")
     for note in report["notes"]:
         print(f"- note: {note}")
     print(f"\nreport: {report['html']}")
