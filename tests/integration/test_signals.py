@@ -93,6 +93,18 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(30)
 
 
+def killed_run(env: dict[str, str], name: str, out: Path) -> tuple[subprocess.Popen, list[int]]:
+    """A trial at 100 Mbit/s whose controller is SIGKILLed once both ranks run: (the controller, the ranks' pids)."""
+    proc = start_run(env, name, out, "--bw", "100mbit")
+    try:
+        pids = wait_for(lambda: rank_pids(out), 240, "both ranks started")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        stop(proc)
+    return proc, pids
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_stop_the_trial_like_ctrl_c(cluster, cli_env, testbed_cli, tmp_path, sig):
     """A closed SSH session (SIGHUP) or a CI cancel (SIGTERM): ranks ended, shaping restored, row interrupted."""
@@ -119,13 +131,7 @@ def test_sigkill_leftovers_are_ended_by_the_next_command(cluster, cli_env, testb
     stores the killed trial's row as interrupted and says so in one line."""
     name = cluster
     out = tmp_path / "res"
-    proc = start_run(cli_env, name, out, "--bw", "100mbit")
-    try:
-        pids = wait_for(lambda: rank_pids(out), 240, "both ranks started")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        stop(proc)
+    proc, pids = killed_run(cli_env, name, out)
     assert all(alive(p) for p in pids)  # a SIGKILLed controller leaves its ranks (they are in their own session)...
     assert link_rates(testbed_cli, name) == {100_000_000}  # ...and its shaping; `status` only reads
     assert rows(out) == []
@@ -150,13 +156,7 @@ def test_sigkill_leftovers_are_ended_by_the_next_command(cluster, cli_env, testb
 def test_sigkill_then_down_ends_the_leftovers_and_keeps_the_row(make_cluster, cli_env, testbed_cli, tmp_path):
     name = make_cluster(2)
     out = tmp_path / "res"
-    proc = start_run(cli_env, name, out, "--bw", "100mbit")
-    try:
-        pids = wait_for(lambda: rank_pids(out), 240, "both ranks started")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        stop(proc)
+    proc, pids = killed_run(cli_env, name, out)
     done = testbed_cli("down", "--name", name)
     assert done.returncode == 0, done.stderr
     assert "was killed" in done.stderr
