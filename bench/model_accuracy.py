@@ -117,20 +117,27 @@ def pool_repeats(rep_dirs: list[Path], out: Path) -> str:
     return "profiles pooled over the repetitions:\n\n" + md(pd.DataFrame(rows))
 
 
+def trial_steps(trial_dir: Path) -> list[float]:
+    """A stored trial's measured steps, each the slowest rank's (seconds)."""
+    from runners.timing import slowest_rank_steps
+
+    per_rank = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
+                for f in sorted(trial_dir.glob("rank*.jsonl"))]  # fmt: skip
+    return slowest_rank_steps(per_rank) if per_rank else []
+
+
 def warmup_trend(results: Path) -> str:
     """Per model, world size and compressor: the median over trials of the first two measured steps against the last
     two (each step the slowest rank's). Near 1.00 the trials measured a steady state; above it they still warmed up
     (raise --warmup-iters)."""
-    from runners.timing import settle_ratio, slowest_rank_steps
+    from runners.timing import settle_ratio
 
     trend: dict[tuple, list[float]] = {}
     for summary in sorted(results.glob("trials/*/summary.json")):
         s = json.loads(summary.read_text())
         ratio = s.get("settle_ratio")  # the runner's own; a summary of an older runner lacks it: from the steps
         if "settle_ratio" not in s:
-            per_rank = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
-                        for f in sorted(summary.parent.glob("rank*.jsonl"))]  # fmt: skip
-            ratio = settle_ratio(slowest_rank_steps(per_rank))
+            ratio = settle_ratio(trial_steps(summary.parent))
         if ratio is not None:
             key = (s["config"]["model"], s["env"]["world_size"], s["config"]["compressor"])
             trend.setdefault(key, []).append(ratio)
@@ -294,20 +301,20 @@ def launch_medians(results: Path) -> list[list[float]]:
     return [[float(v) for v in g] for g in groups if len(g) > 1]
 
 
-def launch_spread_pct(results: Path) -> list[float]:
+def launch_spread_pct(medians: list[list[float]]) -> list[float]:
     """Per setting run more than once: how far its launches' medians lie apart, max / min - 1 in %. The model is scored
     against their median; it cannot be expected to come much closer than this spread, which is the machine's, not the
     model's."""
-    return [(max(g) / min(g) - 1) * 100 for g in launch_medians(results)]
+    return [(max(g) / min(g) - 1) * 100 for g in medians]
 
 
-def noise_floor_pct(results: Path) -> list[float]:
+def noise_floor_pct(medians: list[list[float]]) -> list[float]:
     """Per setting run more than once: the error a model that knew the setting's true median step would be expected
     to score against the launches' mean, in %: their mean absolute deviation / sqrt(k - 1) (for 2 launches |a - b| /
     2, whose expectation is that of the mean's own error), over the mean. What the scores would be if the model were
     exact: the measurement's share of them."""
     out = []
-    for g in launch_medians(results):
+    for g in medians:
         mean = statistics.fmean(g)
         out.append(statistics.fmean(abs(v - mean) for v in g) / math.sqrt(len(g) - 1) / mean * 100)
     return out
@@ -319,13 +326,9 @@ def sampling_sd_pct(results: Path, draws: int = 400) -> list[float]:
     that spread is the sample of steps (more steps cut it: --min-measured-s) and how much the launch itself."""
     import random
 
-    from runners.timing import slowest_rank_steps
-
     rng, out = random.Random(0), []
     for summary in sorted(results.glob("trials/*/summary.json")):
-        per_rank = [[json.loads(line)["iter_time_s"] for line in f.read_text().splitlines()]
-                    for f in sorted(summary.parent.glob("rank*.jsonl"))]  # fmt: skip
-        steps = slowest_rank_steps(per_rank) if per_rank else []
+        steps = trial_steps(summary.parent)
         if len(steps) >= 3:
             med = statistics.median(steps)
             boot = [statistics.median(rng.choices(steps, k=len(steps))) for _ in range(draws)]
@@ -336,8 +339,9 @@ def sampling_sd_pct(results: Path, draws: int = 400) -> list[float]:
 def noise(results: Path) -> dict[str, list[float]]:
     """The measurement's own noise in a configuration's results: its launches' spread, the sample of steps inside a
     trial, and what an exact model would score."""
-    return {"launch_spread": launch_spread_pct(results), "sampling_sd": sampling_sd_pct(results),
-            "noise_floor": noise_floor_pct(results)}  # fmt: skip
+    medians = launch_medians(results)  # the results store read once for both
+    return {"launch_spread": launch_spread_pct(medians), "sampling_sd": sampling_sd_pct(results),
+            "noise_floor": noise_floor_pct(medians)}  # fmt: skip
 
 
 def describe_noise(n: dict[str, list[float]]) -> str:
