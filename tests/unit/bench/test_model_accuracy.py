@@ -1,0 +1,138 @@
+"""bench/model_accuracy.py's held-out planning and noise figures (issue 32): the parts that decide how many steps a
+trial measures, which `testbed sweep` runs them, and what the seed reports as the measurement's own noise. The bench
+itself runs for hours on a quiet machine; these are its pure functions, over plans and a results store made here."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.results import ResultsStore
+
+REPO = Path(__file__).resolve().parents[3]
+_spec = importlib.util.spec_from_file_location("model_accuracy", REPO / "bench" / "model_accuracy.py")
+ma = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ma)
+
+# fast compute (cnn bs8: ~6 ms a step), a slow wire at 100 Mbit/s for sync SGD only (bert-base: 438 MB of gradients)
+FAST = {"model": "cnn", "hosts": 2, "batch_size": 8, "compressors": ["syncsgd", "topk"], "bw": ["100mbit", "none"],
+        "bucket_cap_mb": 25}
+# issue 32's configuration: a compute step of ~0.2 s, sync SGD's wire at 100 Mbit/s ~5 s
+ISSUE = {"model": "resnet18", "hosts": 3, "batch_size": 16, "compressors": ["syncsgd", "fp16", "topk"],
+         "bw": ["100mbit", "1gbit", "none"], "bucket_cap_mb": 25}
+BERT = {"model": "bert-base", "hosts": 3, "batch_size": 8, "compressors": ["syncsgd", "fp16", "topk"],
+        "bw": ["100mbit", "1gbit", "none"], "bucket_cap_mb": 25}
+
+
+def test_without_min_measured_s_every_trial_keeps_its_iterations_and_one_grid_runs_them():
+    assert ma.trial_iters(BERT, "syncsgd", "100mbit", 6, 5, 0.0) == (6, 5)
+    assert ma.profile_iters(BERT, 6, 0.0) == 10  # a profile's least
+    assert ma.sweep_groups(BERT, 6, 5, 0.0) == [(BERT["bw"], BERT["compressors"], 6, 5)]
+
+
+def test_a_fast_step_measures_up_to_max_iters_with_warmup_in_proportion():
+    n, w = ma.trial_iters(FAST, "topk", "none", 6, 5, 8.0)
+    assert n == ma.MAX_ITERS  # 8 s of ~6 ms steps would be >1000: capped
+    assert w == math.ceil(5 * ma.MAX_ITERS / 6)
+    assert ma.profile_iters(FAST, 6, 8.0) == ma.MAX_ITERS
+
+
+def test_a_slow_wire_bound_step_keeps_its_iterations():
+    step = ma.trial_step_s(BERT, "syncsgd", "100mbit")
+    assert step > 8.0  # the estimate alone lasts longer than 8 s: more steps would buy nothing
+    assert ma.trial_iters(BERT, "syncsgd", "100mbit", 6, 5, 8.0) == (6, 5)
+    # between the two: just enough steps to last the time, by the estimate
+    n, _ = ma.trial_iters(BERT, "topk", "none", 2, 1, 30.0)
+    one = ma.trial_step_s(BERT, "topk", "none")
+    assert (n - 1) * one < 30.0 <= n * one
+
+
+def test_sweep_groups_run_each_trial_once_with_its_own_counts():
+    groups = ma.sweep_groups(ISSUE, 6, 5, 8.0)
+    seen = [(r, c, n, w) for rates, comps, n, w in groups for r in rates for c in comps]
+    assert len(seen) == len(set((r, c) for r, c, _, _ in seen)) == len(ISSUE["bw"]) * len(ISSUE["compressors"])
+    for r, c, n, w in seen:
+        assert (n, w) == ma.trial_iters(ISSUE, c, r, 6, 5, 8.0)
+    assert len(groups) > 1  # counts differ across the grid: one sweep would have measured them alike
+
+
+def test_trial_timeout_covers_the_slowest_trial_three_times_and_never_under_the_sweeps_own():
+    assert ma.trial_timeout_s(FAST, FAST["compressors"], FAST["bw"], 6, 5) == 600
+    slow = ma.trial_timeout_s(BERT, ["syncsgd"], ["100mbit"], 6, 5)
+    assert slow >= 3 * 11 * ma.trial_step_s(BERT, "syncsgd", "100mbit")
+
+
+def test_the_same_seed_draws_the_same_configurations_within_the_space_and_redraws_what_is_rejected():
+    a, _ = ma.draw_configs(5, 4)
+    b, _ = ma.draw_configs(5, 4)
+    assert a == b and len(a) == 4
+    sp = ma.HOLDOUT_SPACE
+    for c in a:
+        assert sp["hosts"][0] <= c["hosts"] <= sp["hosts"][1] and c["batch_size"] in sp["batch"]
+        assert c["model"] in sp["models"] and c["bucket_cap_mb"] in sp["bucket_cap_mb"]
+        assert c["compressors"][0] == "syncsgd" and set(c["compressors"][1:]) <= set(sp["compressors"])
+        assert c["bw"][-1] == "none" and 4 <= len(c["bw"]) <= 6
+    kept, left = ma.draw_configs(5, 3, reject=lambda c: "too big" if c["hosts"] > 3 else None)
+    assert len(kept) == 3 and all(c["hosts"] <= 3 for c in kept)
+    assert all(c["hosts"] > 3 and why == "too big" for c, why in left)
+
+
+def test_launch_spread_and_an_exact_models_expected_error():
+    medians = [[1.0, 1.2], [2.0, 2.0], [1.0, 1.1, 1.3]]
+    assert ma.launch_spread_pct(medians) == pytest.approx([20.0, 0.0, 30.0])
+    # two launches: |a - b| / 2 over their mean; three: the mean absolute deviation / sqrt(2) over the mean
+    mean3 = 3.4 / 3
+    mad3 = (abs(1.0 - mean3) + abs(1.1 - mean3) + abs(1.3 - mean3)) / 3
+    assert ma.noise_floor_pct(medians) == pytest.approx([0.1 / 1.1 * 100, 0.0, mad3 / math.sqrt(2) / mean3 * 100])
+
+
+def store_trial(store: ResultsStore, trial_id: str, compressor: str, p50: float, per_rank: list[list[float]]) -> None:
+    d = store.trial_dir(trial_id)
+    for r, steps in enumerate(per_rank):
+        (d / f"rank{r}.jsonl").write_text("".join(json.dumps({"iter_time_s": s}) + "\n" for s in steps))
+    (d / "summary.json").write_text(json.dumps({"config": {"model": "cnn", "compressor": compressor}}))
+    store.append({"trial_id": trial_id, "status": "ok", "model": "cnn", "batch_size": 8, "world_size": 2,
+                  "compressor": compressor, "compressor_options": "{}", "rate_bps": 0, "iter_time_s_p50": p50})
+
+
+def test_noise_over_a_results_store(tmp_path):
+    store = ResultsStore(tmp_path)
+    # sync SGD launched twice (medians 1.0 and 1.2 s), its steps steady; Top-K once, its steps spread
+    store_trial(store, "a" * 16, "syncsgd", 1.0, [[1.0] * 6, [0.9] * 6])
+    store_trial(store, "b" * 16, "syncsgd", 1.2, [[1.2] * 6, [1.1] * 6])
+    store_trial(store, "c" * 16, "topk", 1.0, [[0.5, 1.5, 0.7, 1.3, 0.9, 1.1], [0.1] * 6])
+    n = ma.noise(tmp_path)
+    assert n["launch_spread"] == pytest.approx([20.0])  # only what ran more than once
+    assert n["noise_floor"] == pytest.approx([0.1 / 1.1 * 100])
+    sd = sorted(n["sampling_sd"])
+    assert sd[:2] == [0.0, 0.0] and sd[2] > 5.0  # steady steps: the median cannot move; spread ones: it does
+    text = ma.describe_noise(n)
+    assert "20.0 % apart" in text and "9.1 %" in text
+
+
+def run_bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "bench/model_accuracy.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, named", [(["--min-measured-s", "-1"], "--min-measured-s -1"),
+                                         (["--min-measured-s", "nan"], "--min-measured-s nan"),
+                                         (["--iters", "0"], "--iters 0")])
+def test_bad_input_is_one_line_and_exit_2(args, named, tmp_path):
+    done = run_bench("--holdout", "99", "--out", str(tmp_path / "w"), *args)
+    assert done.returncode == 2
+    assert named in done.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "w").exists()
+
+
+def test_a_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
+    done = run_bench("--holdout", "3", "--configs", "2", "--iters", "6", "--min-measured-s", "8", "--dry-run",
+                     "--out", str(tmp_path / "w"))
+    assert done.returncode == 0, done.stderr
+    assert "Held-out validation, seed 3: 2 configurations" in done.stdout
+    assert "estimated wall time" in done.stdout
+    assert not (tmp_path / "w").exists()
