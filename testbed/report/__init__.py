@@ -220,17 +220,15 @@ def build_report(
     )
     cx_show = crossovers.drop(columns=["measured_bps", "predicted_bps"])
 
-    summary = render.Summary(head, desc, status_line, settings, notes, matrix, cx_show, err_summary, errors, figures)
-    render.write_markdown(out / "summary.md", summary)
-    if tta["markdown"]:
-        with open(out / "summary.md", "a") as f:
-            f.write(tta["markdown"])
+    sections = [tta["markdown"]] if tta["markdown"] else []
     for name, points, markdown in (("stragglers", stragglers, straggler_markdown), ("racks", racks, rack_markdown),
                                    ("cross_traffic", crosses, cross_markdown)):  # fmt: skip
         if not points.empty:
             points.to_csv(out / f"{name}.csv", index=False)
-            with open(out / "summary.md", "a") as f:
-                f.write(markdown(points))
+            sections.append(markdown(points))
+    summary = render.Summary(head, desc, status_line, settings, notes, matrix, cx_show, err_summary, errors, figures,
+                             sections)  # fmt: skip
+    render.write_markdown(out / "summary.md", summary)
     render.write_html(out / "report.html", summary)
     return ReportResult(
         out,

@@ -33,11 +33,11 @@ def _cell(v) -> str:
 def html_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "<p><em>(none)</em></p>"
-    return df.to_html(index=False, border=0, classes="t", float_format=lambda x: f"{x:.3g}", na_rep="-")
+    return df.to_html(index=False, border=0, float_format=lambda x: f"{x:.3g}", na_rep="-")
 
 
-CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px}table.t{border-collapse:collapse;font-size:13px}
-table.t td,table.t th{border:1px solid #ccc;padding:3px 8px;text-align:right}h1{font-size:1.5em}
+CSS = """body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}h1{font-size:1.5em}
 .headline{font-size:1.2em;font-weight:bold;background:#eef;padding:.5em}img{max-width:100%}"""
 
 
@@ -55,6 +55,9 @@ class Summary:
     error_summary: pd.DataFrame  # per compressor (summary.md)
     errors: pd.DataFrame  # per trial (report.html)
     figures: Sequence[tuple[str, Path]]
+    # what the results add beyond throughput (time to accuracy, stragglers, racks, cross traffic): Markdown, each
+    # starting with its "## " heading; summary.md appends them as they are, report.html renders them
+    sections: Sequence[str] = ()
 
 
 def write_markdown(path: Path, s: Summary) -> Path:
@@ -80,8 +83,17 @@ def write_markdown(path: Path, s: Summary) -> Path:
         "## Figures\n",
     ]
     md += [f"- {title}: ![{title}]({p.name})\n" for title, p in s.figures]
+    md += list(s.sections)
     path.write_text("\n".join(md))
     return path
+
+
+def section_html(markdown: str) -> str:
+    """One of the report's Markdown sections as HTML: its tables as tables. Raw HTML in it (a model or compressor
+    name from the results) is escaped, never passed through."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("default").render(markdown)  # the "default" preset: tables on, raw HTML off
 
 
 def write_html(path: Path, s: Summary) -> Path:
@@ -106,6 +118,7 @@ def write_html(path: Path, s: Summary) -> Path:
         parts.append(
             f"<h3>{html.escape(title)}</h3><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'>"
         )
+    parts += [section_html(text) for text in s.sections]
     parts += ["<h2>Prediction error per trial</h2>", html_table(s.errors), "</body></html>"]
     path.write_text("\n".join(parts))
     return path

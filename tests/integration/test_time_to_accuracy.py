@@ -100,4 +100,5 @@ def test_time_to_accuracy_on_fashion_mnist(make_cluster, testbed_cli, tmp_path):
     assert math.isfinite(err["error_pct"]) and err["source"] == "measured"
     summary_md = (tmp_path / "report" / "summary.md").read_text()
     assert "## Time to accuracy" in summary_md and "On time to accuracy compression won" in rep.headline
+    assert "<h2>Time to accuracy</h2>" in rep.html.read_text()  # report.html has the section too
     assert any(p.name.startswith("accuracy_vs_time_") for p in rep.figures)

@@ -136,6 +136,14 @@ def test_report_writes_figures_html_markdown(report):
     assert not re.search(r"""(src|href)\s*=\s*['"](?!data:)""", html)
 
 
+def test_a_markdown_section_becomes_html_with_its_tables_and_raw_html_escaped():
+    from testbed.report.render import section_html
+
+    out = section_html("\n## Racks\n\n| model | ms |\n|---|---|\n| <script>x</script> | 12 |\n")
+    assert "<h2>Racks</h2>" in out and "<table>" in out and "<td>12</td>" in out
+    assert "<script>" not in out and "&lt;script&gt;" in out  # a name from the results is text, never markup
+
+
 def test_headline_counts_n_of_m(report):
     # 2 world sizes x 3 rates x 2 compressors (fp16, powersgd[rank=4]) = 12 configurations; wins at 2 rates each
     assert (report.wins, report.configurations) == (8, 12)

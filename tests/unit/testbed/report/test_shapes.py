@@ -65,6 +65,8 @@ def test_straggler_trials_are_predicted_at_the_straggler_rate_with_the_bounding_
     assert math.isnan(pts.loc[("fp16", 100 * M), "from_flat_ms"])  # the flat trials are the base, not predicted
     summary = rep.markdown.read_text()
     assert "## Straggler links" in summary and "| h2 link (10 Mbit/s) |" in summary and "| 100mbit (flat) |" in summary
+    html = rep.html.read_text()  # the same section in report.html, its table a table
+    assert "<h2>Straggler links</h2>" in html and "<td>h2 link (10 Mbit/s)</td>" in html
     assert (tmp_path / "stragglers.csv").is_file()
     assert any(p.name == "straggler_resnet18_bs32_p4_100000000.png" for p in rep.figures)
 
@@ -121,6 +123,7 @@ def test_rack_trials_are_predicted_at_the_spines_share_and_drawn_against_the_ove
     assert four["predicted_ms"] == pytest.approx(slow.iter_time_s * 1e3) and slow.iter_time_s > flat.iter_time_s
     summary = rep.markdown.read_text()
     assert "## Racks behind a spine" in summary and "| 2 racks, 1:4 |" in summary
+    assert "<h2>Racks behind a spine</h2>" in rep.html.read_text()
     assert (tmp_path / "racks.csv").is_file()
     assert any(p.name == "racks_resnet18_bs32_p4_100000000.png" for p in rep.figures)
     assert any("combine shapes" in n for n in rep.notes)  # the racks + cross traffic trials, said, not drawn
@@ -145,4 +148,5 @@ def test_cross_traffic_trials_are_predicted_only_from_a_calibration_beside_as_ma
     assert math.isnan(four["predicted_ms"]) and "testbed calibrate --cross-traffic 4" in four["bounding_link"]
     summary = rep.markdown.read_text()
     assert "## Cross traffic" in summary and "| 0 (flat) |" in summary
+    assert "<h2>Cross traffic</h2>" in rep.html.read_text()
     assert any(p.name == "cross_traffic_resnet18_bs32_p4_100000000.png" for p in rep.figures)
