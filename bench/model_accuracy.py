@@ -30,6 +30,11 @@ another commit, seed or setting is refused. What is stored is kept: a finished c
 calibrations, each repetition's profiles and every trial (the sweep skips stored trials).
 
     python bench/model_accuracy.py --holdout 7 --configs 8 --repeats 2 --dry-run
+    python bench/model_accuracy.py --seed-table /path/to/out   # a seed's scores so far, per configuration
+
+Each configuration's score stands beside the measurement's own noise: how far its two launches lie apart, how far a
+trial's median step would move were its steps drawn again (a bootstrap), and the error a model that knew each
+setting's true median would be expected to score against the launches' mean.
 
 `--min-measured-s S` gives each trial enough measured steps (by the estimate of its step, at most MAX_ITERS) to last
 S seconds, its warm-up in proportion: a fast step on shared cores is noisy and cheap, a slow wire-bound one steady and
@@ -353,6 +358,63 @@ def describe_noise(n: dict[str, list[float]]) -> str:
             f"{max(n['noise_floor'], default=math.nan):.1f} %): medians over its settings, and the largest")  # fmt: skip
 
 
+def config_score(out: Path) -> dict | None:
+    """A finished configuration's scores (None: not finished): the model's |error| per prediction, the crossover
+    verdicts' kinds, and the measurement's own noise (`noise`)."""
+    if not (out / "report" / "prediction_error.csv").is_file():
+        return None
+    errors = [abs(float(e)) for e in pd.read_csv(out / "report" / "prediction_error.csv")["error_pct"]]
+    verdicts = [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
+    return {"errors": errors, "verdicts": verdicts, "noise": noise(out / "results")}
+
+
+def pool_scores(scores: list[dict]) -> dict:
+    """Configurations' scores (`config_score`) as one: every prediction's error, verdict and noise figure."""
+    noises: dict[str, list[float]] = {}
+    for sc in scores:
+        for k, v in sc["noise"].items():
+            noises.setdefault(k, []).extend(v)
+    return {"errors": [e for sc in scores for e in sc["errors"]],
+            "verdicts": [v for sc in scores for v in sc["verdicts"]], "noise": noises}  # fmt: skip
+
+
+def describe_config(c: dict) -> str:
+    return (f"{c['model']} bs{c['batch_size']}, {c['hosts']} hosts, buckets {c['bucket_cap_mb']} MB, "
+            f"{','.join(c['compressors'])} at {','.join(c['bw'])}")  # fmt: skip
+
+
+def seed_table(work: Path) -> str:
+    """A held-out seed's scores per configuration and over those finished, as Markdown: the model's median and worst
+    |error| beside what the measurement's noise would give an exact model, and the crossover verdicts."""
+    plan = json.loads((work / "holdout.json").read_text())
+
+    def pct(values: list[float], f) -> str:
+        return f"{f(values):.1f} %" if values else "-"
+
+    def cells(score: dict) -> dict:
+        e, n, v = score["errors"], score["noise"], score["verdicts"]
+        return {"predictions": len(e), "model: median": pct(e, statistics.median), "model: worst": pct(e, max),
+                "launches apart (median)": pct(n["launch_spread"], statistics.median),
+                "step sample SD (median)": pct(n["sampling_sd"], statistics.median),
+                "exact model: median": pct(n["noise_floor"], statistics.median),
+                "exact model: worst": pct(n["noise_floor"], max),
+                "verdicts": ", ".join(f"{v.count(k)} {k}" for k in sorted(set(v)))}  # fmt: skip
+
+    rows, scores = [], []
+    for i, c in enumerate(plan["configs"]):
+        score = config_score(work / f"config{i + 1}")
+        if score is None:
+            rows.append({"#": i + 1, "configuration": describe_config(c), "model: median": "not run yet"})
+        else:
+            scores.append(score)
+            rows.append({"#": i + 1, "configuration": describe_config(c), **cells(score)})
+    if scores:
+        rows.append({"#": "all", "configuration": "the finished ones", **cells(pool_scores(scores))})
+    return (f"Seed {plan['seed']}, the model frozen at {plan['commit']}, {plan['iters']} measured iterations"
+            f"{' (--min-measured-s ' + format(plan['min_measured_s'], 'g') + ')' if plan.get('min_measured_s') else ''}"
+            f", {plan['repeats']} repetitions:\n\n" + md(pd.DataFrame(rows).astype(object).fillna("")))  # fmt: skip
+
+
 def git_commit() -> str:
     done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "testbed/perfmodel"], cwd=REPO, capture_output=True, text=True)
@@ -382,9 +444,7 @@ def holdout(args: argparse.Namespace) -> int:
     for i, c in enumerate(configs):
         est = estimate_wall_s(c, iters, repeats, args.warmup_iters, args.min_measured_s)
         total += est
-        print(f"{i + 1}. {c['model']} bs{c['batch_size']}, {c['hosts']} hosts, buckets {c['bucket_cap_mb']} MB, "
-              f"{','.join(c['compressors'])} at "
-              f"{','.join(c['bw'])} (about {est / 60:.0f} min)")
+        print(f"{i + 1}. {describe_config(c)} (about {est / 60:.0f} min)")
     for c, why in left_out:
         print(f"left out (drawn, but not runnable here in one sitting): {c['model']} bs{c['batch_size']}, "
               f"{c['hosts']} hosts: {why}")
@@ -410,7 +470,7 @@ def holdout(args: argparse.Namespace) -> int:
     else:
         work.mkdir(parents=True, exist_ok=True)
         state.write_text(json.dumps(plan, indent=1))
-    errors, verdicts, noises = [], [], {}
+    scores = []
     for i, c in enumerate(configs):
         out = work / f"config{i + 1}"
         if (out / "report" / "prediction_error.csv").is_file():
@@ -430,16 +490,15 @@ def holdout(args: argparse.Namespace) -> int:
             if done.returncode != 0:
                 raise SystemExit(f"configuration {i + 1} failed (exit {done.returncode}): "
                                  f"{log.read_text().strip().splitlines()[-1:]}; the rest of its output is in {log}")
-        err = pd.read_csv(out / "report" / "prediction_error.csv")
-        errors += [abs(e) for e in err["error_pct"]]
-        verdicts += [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
-        here = noise(out / "results")
-        for k, v in here.items():
-            noises.setdefault(k, []).extend(v)
+        score = config_score(out)
+        scores.append(score)
+        errors = pool_scores(scores)["errors"]
         if errors:  # where the seed stands after each configuration: a seed's sittings end anywhere
-            print(f"configuration {i + 1}: median |error| {err['error_pct'].abs().median():.1f} %, worst "
-                  f"{err['error_pct'].abs().max():.1f} %; {describe_noise(here)}; so far ({len(errors)} predictions): "
-                  f"median {statistics.median(errors):.1f} %, worst {max(errors):.1f} %", flush=True)  # fmt: skip
+            print(f"configuration {i + 1}: median |error| {statistics.median(score['errors']):.1f} %, worst "
+                  f"{max(score['errors']):.1f} %; {describe_noise(score['noise'])}; so far ({len(errors)} "
+                  f"predictions): median {statistics.median(errors):.1f} %, worst {max(errors):.1f} %", flush=True)  # fmt: skip
+    pooled = pool_scores(scores)
+    errors, verdicts, noises = pooled["errors"], pooled["verdicts"], pooled["noise"]
     result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
               "min_measured_s": args.min_measured_s,
               "median_error_pct": statistics.median(errors) if errors else None,
@@ -454,6 +513,7 @@ def holdout(args: argparse.Namespace) -> int:
         f.write(json.dumps(result) + "\n")
     print(f"\nmedian |error| {result['median_error_pct']:.1f} %, worst {result['worst_error_pct']:.1f} %; "
           f"crossover verdicts {result['verdicts']}; recorded in {HOLDOUT_LEDGER}; per configuration in {work}")
+    print("\n" + seed_table(work))
     return 0
 
 
@@ -486,6 +546,8 @@ def main() -> int:
     ap.add_argument("--with-issue-config", action="store_true",
                     help="with --holdout: also run issue 32's 3-host resnet18 bs16 configuration")
     ap.add_argument("--dry-run", action="store_true", help="with --holdout: print the draw and the wall time only")
+    ap.add_argument("--seed-table", metavar="OUT", help="print a held-out seed's scores per configuration, finished or "
+                    "not, from its --out folder (measures nothing)")
     ap.add_argument("--max-config-min", type=float, default=120, help="with --holdout: leave out (and draw again) a "
                     "configuration estimated to take longer than this many minutes, or whose ranks need more than 80 %% "
                     "of this machine's memory (default 120; 0: no time limit)")  # fmt: skip
@@ -494,6 +556,11 @@ def main() -> int:
         ap.error(f"--min-measured-s {args.min_measured_s:g}: expected seconds >= 0")
     if args.iters is not None and args.iters < 1:
         ap.error(f"--iters {args.iters}: expected >= 1")
+    if args.seed_table:
+        if not (Path(args.seed_table) / "holdout.json").is_file():
+            ap.error(f"--seed-table {args.seed_table}: no holdout.json there; expected a held-out seed's --out folder")
+        print(seed_table(Path(args.seed_table)))
+        return 0
     if args.holdout is not None:
         return holdout(args)
     base = QUICK if args.quick else FULL

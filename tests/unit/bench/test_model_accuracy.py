@@ -136,3 +136,32 @@ def test_a_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert "Held-out validation, seed 3: 2 configurations" in done.stdout
     assert "estimated wall time" in done.stdout
     assert not (tmp_path / "w").exists()
+
+
+def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp_path):
+    plan = {"seed": 9, "configs": [FAST, ISSUE], "commit": "abc123", "iters": 6, "repeats": 2, "min_measured_s": 8.0}
+    (tmp_path / "holdout.json").write_text(json.dumps(plan))
+    report = tmp_path / "config1" / "report"
+    report.mkdir(parents=True)
+    (report / "prediction_error.csv").write_text("error_pct\n-2.0\n4.0\n-30.0\n")
+    (report / "crossovers.csv").write_text('verdict\n"agrees: never"\nundecided: too wide\nagrees\n')
+    store = ResultsStore(tmp_path / "config1" / "results")
+    store_trial(store, "a" * 16, "syncsgd", 1.0, [[1.0] * 6])
+    store_trial(store, "b" * 16, "syncsgd", 1.2, [[1.2] * 6])
+    score = ma.config_score(tmp_path / "config1")
+    assert score["errors"] == [2.0, 4.0, 30.0] and score["verdicts"] == ["agrees", "undecided", "agrees"]
+    assert ma.config_score(tmp_path / "config2") is None
+    pooled = ma.pool_scores([score, score])
+    assert pooled["errors"] == [2.0, 4.0, 30.0] * 2 and pooled["noise"]["launch_spread"] == pytest.approx([20.0] * 2)
+
+    table = ma.seed_table(tmp_path)
+    assert "Seed 9, the model frozen at abc123, 6 measured iterations (--min-measured-s 8), 2 repetitions" in table
+    row1 = next(line for line in table.splitlines() if line.startswith("| 1 |"))
+    assert "| 3 | 4.0 % | 30.0 % | 20.0 % |" in row1 and "| 9.1 % | 9.1 % | 2 agrees, 1 undecided |" in row1
+    assert "not run yet" in next(line for line in table.splitlines() if line.startswith("| 2 |"))
+    assert next(line for line in table.splitlines() if line.startswith("| all |")).count("4.0 %") == 1
+
+
+def test_seed_table_of_a_folder_without_a_seed_is_refused(tmp_path):
+    done = run_bench("--seed-table", str(tmp_path))
+    assert done.returncode == 2 and "--seed-table" in done.stderr.strip().splitlines()[-1]
