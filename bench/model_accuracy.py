@@ -493,7 +493,7 @@ def holdout(args: argparse.Namespace) -> int:
         score = config_score(out)
         scores.append(score)
         errors = pool_scores(scores)["errors"]
-        if errors:  # where the seed stands after each configuration: a seed's sittings end anywhere
+        if score["errors"]:  # where the seed stands after each configuration: a seed's sittings end anywhere
             print(f"configuration {i + 1}: median |error| {statistics.median(score['errors']):.1f} %, worst "
                   f"{max(score['errors']):.1f} %; {describe_noise(score['noise'])}; so far ({len(errors)} "
                   f"predictions): median {statistics.median(errors):.1f} %, worst {max(errors):.1f} %", flush=True)  # fmt: skip
