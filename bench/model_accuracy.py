@@ -294,16 +294,20 @@ def why_infeasible(cfg: dict, iters: int, repeats: int, warmup: int, max_min: fl
     return None
 
 
-def launch_medians(results: Path) -> list[list[float]]:
+def launch_medians(results: Path) -> dict[tuple[str, int], list[list[float]]]:
     """Per setting (model, batch, world size, compressor and options, rate) run more than once: its launches' median
-    steps (seconds)."""
+    steps (seconds), under (compressor, rate in bit/s, 0 unshaped): a held-out configuration's one model, batch and
+    world size."""
     from testbed.results import load_results
 
     df = load_results(results)
     df = df[df["status"] == "ok"]
     keys = ["model", "batch_size", "world_size", "compressor", "compressor_options", "rate_bps"]
-    groups = (list(g["iter_time_s_p50"]) for _, g in df.groupby(keys, dropna=False))
-    return [[float(v) for v in g] for g in groups if len(g) > 1]
+    out: dict[tuple[str, int], list[list[float]]] = {}
+    for key, g in df.groupby(keys, dropna=False):
+        if len(g) > 1:
+            out.setdefault((str(key[3]), int(key[5] or 0)), []).append([float(v) for v in g["iter_time_s_p50"]])
+    return out
 
 
 def launch_spread_pct(medians: list[list[float]]) -> list[float]:
@@ -344,9 +348,24 @@ def sampling_sd_pct(results: Path, draws: int = 400) -> list[float]:
 def noise(results: Path) -> dict[str, list[float]]:
     """The measurement's own noise in a configuration's results: its launches' spread, the sample of steps inside a
     trial, and what an exact model would score."""
-    medians = launch_medians(results)  # the results store read once for both
+    medians = [g for gs in launch_medians(results).values() for g in gs]  # the results store read once for both
     return {"launch_spread": launch_spread_pct(medians), "sampling_sd": sampling_sd_pct(results),
             "noise_floor": noise_floor_pct(medians)}  # fmt: skip
+
+
+def profile_spread_pct(profiles: Path) -> dict[str, float]:
+    """How far a configuration's repeated co-located profiles lie apart, as a half-spread (max - min) / (max + min)
+    in %: "forward+backward", and per compressor its in-place step floor. The predictions rest on these as much as
+    the scores rest on the trials; the exact-model figure counts the trials' noise only."""
+    from testbed import perfmodel as pm
+
+    profs = [p for d in sorted(profiles.glob("*hosts-rep*")) for p in pm.find_profiles(d)]
+    values: dict[str, list[float]] = {"forward+backward": [p.forward_s + p.backward_s for p in profs]}
+    for p in profs:
+        for name, c in p.compressors.items():
+            if c.lockstep_step_s:
+                values.setdefault(name, []).append(c.lockstep_step_s)
+    return {k: (max(v) - min(v)) / (max(v) + min(v)) * 100 for k, v in values.items() if len(v) > 1}
 
 
 def describe_noise(n: dict[str, list[float]]) -> str:
@@ -358,14 +377,30 @@ def describe_noise(n: dict[str, list[float]]) -> str:
             f"{max(n['noise_floor'], default=math.nan):.1f} %): medians over its settings, and the largest")  # fmt: skip
 
 
+def config_done(out: Path) -> bool:
+    """Whether a held-out configuration's report is written (it is then scored, never run again)."""
+    return (out / "report" / "prediction_error.csv").is_file()
+
+
 def config_score(out: Path) -> dict | None:
     """A finished configuration's scores (None: not finished): the model's |error| per prediction, the crossover
-    verdicts' kinds, and the measurement's own noise (`noise`)."""
-    if not (out / "report" / "prediction_error.csv").is_file():
+    verdicts' kinds, the measurement's own noise (`noise`), the profiles' (`profile_spread_pct`), and per prediction
+    (|error|, what bound it, its launches' `noise_floor_pct` or None) for `misses`."""
+    from shaping.units import is_unshaped, parse_rate_bps
+
+    if not config_done(out):
         return None
-    errors = [abs(float(e)) for e in pd.read_csv(out / "report" / "prediction_error.csv")["error_pct"]]
+    err = pd.read_csv(out / "report" / "prediction_error.csv")
     verdicts = [str(v).split(":")[0] for v in pd.read_csv(out / "report" / "crossovers.csv")["verdict"]]
-    return {"errors": errors, "verdicts": verdicts, "noise": noise(out / "results")}
+    medians = launch_medians(out / "results")
+    settings = []
+    for r in err.itertuples():
+        rate = 0 if is_unshaped(r.bandwidth) else int(parse_rate_bps(r.bandwidth))
+        gs = medians.get((r.compressor, rate), [])
+        # its launches' own noise: for 2 launches |a - b| / 2 over their mean (None: launched once)
+        settings.append((abs(float(r.error_pct)), str(r.bound_by), noise_floor_pct(gs)[0] if len(gs) == 1 else None))
+    return {"errors": [e for e, _, _ in settings], "verdicts": verdicts, "noise": noise(out / "results"),
+            "profiles": profile_spread_pct(out / "profiles"), "settings": settings}  # fmt: skip
 
 
 def pool_scores(scores: list[dict]) -> dict:
@@ -375,7 +410,8 @@ def pool_scores(scores: list[dict]) -> dict:
         for k, v in sc["noise"].items():
             noises.setdefault(k, []).extend(v)
     return {"errors": [e for sc in scores for e in sc["errors"]],
-            "verdicts": [v for sc in scores for v in sc["verdicts"]], "noise": noises}  # fmt: skip
+            "verdicts": [v for sc in scores for v in sc["verdicts"]], "noise": noises,
+            "settings": [x for sc in scores for x in sc["settings"]]}  # fmt: skip
 
 
 def describe_config(c: dict) -> str:
@@ -383,10 +419,14 @@ def describe_config(c: dict) -> str:
             f"{','.join(c['compressors'])} at {','.join(c['bw'])}")  # fmt: skip
 
 
-def seed_table(work: Path) -> str:
+def seed_table(work: Path, scores: list[dict | None] | None = None) -> str:
     """A held-out seed's scores per configuration and over those finished, as Markdown: the model's median and worst
-    |error| beside what the measurement's noise would give an exact model, and the crossover verdicts."""
+    |error| beside what the measurement's noise would give an exact model, and the crossover verdicts; then where
+    the misses lie against each setting's own launches, and the profiles' spread. `scores`: per configuration of the
+    plan, `config_score`'s (None: not finished); read from `work` when not given."""
     plan = json.loads((work / "holdout.json").read_text())
+    if scores is None:
+        scores = [config_score(work / f"config{i + 1}") for i in range(len(plan["configs"]))]
 
     def pct(values: list[float], f) -> str:
         return f"{f(values):.1f} %" if values else "-"
@@ -400,19 +440,38 @@ def seed_table(work: Path) -> str:
                 "exact model: worst": pct(n["noise_floor"], max),
                 "verdicts": ", ".join(f"{v.count(k)} {k}" for k in sorted(set(v)))}  # fmt: skip
 
-    rows, scores = [], []
-    for i, c in enumerate(plan["configs"]):
-        score = config_score(work / f"config{i + 1}")
-        if score is None:
-            rows.append({"#": i + 1, "configuration": describe_config(c), "model: median": "not run yet"})
-        else:
-            scores.append(score)
-            rows.append({"#": i + 1, "configuration": describe_config(c), **cells(score)})
-    if scores:
-        rows.append({"#": "all", "configuration": "the finished ones", **cells(pool_scores(scores))})
-    return (f"Seed {plan['seed']}, the model frozen at {plan['commit']}, {plan['iters']} measured iterations"
+    rows = []
+    for i, (c, score) in enumerate(zip(plan["configs"], scores, strict=True)):
+        more = cells(score) if score is not None else {"model: median": "not run yet"}
+        rows.append({"#": i + 1, "configuration": describe_config(c), **more})
+    done = [sc for sc in scores if sc is not None]
+    if done:
+        rows.append({"#": "all", "configuration": "the finished ones", **cells(pool_scores(done))})
+    text = (f"Seed {plan['seed']}, the model frozen at {plan['commit']}, {plan['iters']} measured iterations"
             f"{' (--min-measured-s ' + format(plan['min_measured_s'], 'g') + ')' if plan.get('min_measured_s') else ''}"
             f", {plan['repeats']} repetitions:\n\n" + md(pd.DataFrame(rows).astype(object).fillna("")))  # fmt: skip
+    return text + (misses(pool_scores(done)["settings"], done) if done else "")
+
+
+MISS_PCT, AGREE_PCT = 15.0, 5.0  # the worst-case target; launches "agree" within this of their mean
+
+
+def misses(settings: list[tuple[float, str, float | None]], scores: list[dict]) -> str:
+    """Where the misses lie: the settings whose own launches agree (so the trials' noise cannot explain an error
+    there), what bound the settings over the target, and how far the profiles the predictions rest on lie apart."""
+    agree = [e for e, _, half in settings if half is not None and half <= AGREE_PCT]
+    over = [b for e, b, _ in settings if e > MISS_PCT]
+    spread = [(v, k, i + 1) for i, sc in enumerate(scores) for k, v in sc["profiles"].items()]
+    out = [f"\nSettings whose two launches agree within {AGREE_PCT:g} % of their mean: {len(agree)} of "
+           f"{len(settings)}" + (f"; the model's median error there {statistics.median(agree):.1f} %, "
+                                 f"{sum(e > MISS_PCT for e in agree)} over {MISS_PCT:g} %" if agree else "") + ".",
+           f"Settings over {MISS_PCT:g} %: {len(over)}" + (", bound by " + ", ".join(
+               f"{over.count(b)} {b}" for b in sorted(set(over), key=lambda b: -over.count(b))) if over else "") + "."]
+    if spread:
+        v, k, i = max(spread)
+        out.append(f"The repeated profiles' half-spread (forward+backward and in-place floors): median "
+                   f"{statistics.median(x for x, _, _ in spread):.1f} %, largest {v:.1f} % ({k}, configuration {i}).")
+    return "\n".join(out) + "\n"
 
 
 def git_commit() -> str:
@@ -473,7 +532,7 @@ def holdout(args: argparse.Namespace) -> int:
     scores = []
     for i, c in enumerate(configs):
         out = work / f"config{i + 1}"
-        if (out / "report" / "prediction_error.csv").is_file():
+        if config_done(out):
             print(f"configuration {i + 1}: done in an earlier sitting")
         else:
             print(f"configuration {i + 1}: running (working directory {out})", flush=True)
@@ -492,7 +551,7 @@ def holdout(args: argparse.Namespace) -> int:
                                  f"{log.read_text().strip().splitlines()[-1:]}; the rest of its output is in {log}")
         score = config_score(out)
         scores.append(score)
-        errors = pool_scores(scores)["errors"]
+        errors = [e for sc in scores for e in sc["errors"]]
         if score["errors"]:  # where the seed stands after each configuration: a seed's sittings end anywhere
             print(f"configuration {i + 1}: median |error| {statistics.median(score['errors']):.1f} %, worst "
                   f"{max(score['errors']):.1f} %; {describe_noise(score['noise'])}; so far ({len(errors)} "
@@ -513,7 +572,7 @@ def holdout(args: argparse.Namespace) -> int:
         f.write(json.dumps(result) + "\n")
     print(f"\nmedian |error| {result['median_error_pct']:.1f} %, worst {result['worst_error_pct']:.1f} %; "
           f"crossover verdicts {result['verdicts']}; recorded in {HOLDOUT_LEDGER}; per configuration in {work}")
-    print("\n" + seed_table(work))
+    print("\n" + seed_table(work, scores))
     return 0
 
 

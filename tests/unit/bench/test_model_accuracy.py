@@ -143,7 +143,8 @@ def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp
     (tmp_path / "holdout.json").write_text(json.dumps(plan))
     report = tmp_path / "config1" / "report"
     report.mkdir(parents=True)
-    (report / "prediction_error.csv").write_text("error_pct\n-2.0\n4.0\n-30.0\n")
+    (report / "prediction_error.csv").write_text("compressor,bandwidth,bound_by,error_pct\nsyncsgd,unshaped,compute,-2.0\n"
+                                                 "topk,unshaped,floor,4.0\nsyncsgd,100mbit,floor,-30.0\n")
     (report / "crossovers.csv").write_text('verdict\n"agrees: never"\nundecided: too wide\nagrees\n')
     store = ResultsStore(tmp_path / "config1" / "results")
     store_trial(store, "a" * 16, "syncsgd", 1.0, [[1.0] * 6])
@@ -160,6 +161,26 @@ def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp
     assert "| 3 | 4.0 % | 30.0 % | 20.0 % |" in row1 and "| 9.1 % | 9.1 % | 2 agrees, 1 undecided |" in row1
     assert "not run yet" in next(line for line in table.splitlines() if line.startswith("| 2 |"))
     assert next(line for line in table.splitlines() if line.startswith("| all |")).count("4.0 %") == 1
+    # the misses against each setting's own launches: sync SGD unshaped ran twice, 9.1 % apart: none agrees within 5 %
+    assert score["settings"] == [(2.0, "compute", pytest.approx(0.1 / 1.1 * 100)), (4.0, "floor", None),
+                                 (30.0, "floor", None)]
+    assert "agree within 5 % of their mean: 0 of 3." in table and "Settings over 15 %: 1, bound by 1 floor." in table
+
+
+def test_the_repeated_profiles_spread_per_floor(tmp_path):
+    from testbed.perfmodel.synthetic import synthetic_profile_dict
+
+    for rep, scale in ((1, 1.0), (2, 1.2)):
+        d = tmp_path / f"3hosts-rep{rep}"
+        d.mkdir()
+        prof = synthetic_profile_dict("resnet18", 16, forward_s=0.1 * scale, backward_s=0.2 * scale)
+        name = next(iter(prof["compressors"]))
+        prof["compressors"][name].update(lockstep_comm_s=0.05, lockstep_step_s=0.5 * (1.0 if rep == 1 else 1.5))
+        (d / "resnet18-bs16-cpu-colocated3.json").write_text(json.dumps(prof))
+    spread = ma.profile_spread_pct(tmp_path)
+    assert spread["forward+backward"] == pytest.approx(0.2 / 2.2 * 100)  # (max - min) / (max + min)
+    assert spread[name] == pytest.approx(0.25 / 1.25 * 100)
+    assert ma.profile_spread_pct(tmp_path / "none") == {}  # no profiles: no spread, not a failure
 
 
 def test_seed_table_of_a_folder_without_a_seed_is_refused(tmp_path):
