@@ -186,3 +186,72 @@ def test_the_repeated_profiles_spread_per_floor(tmp_path):
 def test_seed_table_of_a_folder_without_a_seed_is_refused(tmp_path):
     done = run_bench("--seed-table", str(tmp_path))
     assert done.returncode == 2 and "--seed-table" in done.stderr.strip().splitlines()[-1]
+
+
+# bench/holdout_sitting.sh: a seed's progress lives in the repository between sittings (a session's machine is fresh)
+SITTING = REPO / "bench" / "holdout_sitting.sh"
+
+
+def sitting(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SITTING), *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args, named", [(["x1", "5"], "SEED 'x1'"), (["3", "0"], "MINUTES '0'"),
+                                         (["3", "5m"], "MINUTES '5m'"), (["3", "5", "--dir", "rel"], "--dir 'rel'"),
+                                         (["3", "5", "--bogus"], "'--bogus'"), (["3"], "expected SEED MINUTES"),
+                                         (["424242", "5"], "has not started: give its bench arguments")])
+def test_a_sittings_bad_input_is_one_line_and_exit_2(args, named, tmp_path):
+    if "--dir" not in args and len(args) >= 2:
+        args = [*args, "--dir", str(tmp_path / "d"), "--store", str(tmp_path / "s")]
+    done = sitting(*args)
+    assert done.returncode == 2 and named in done.stderr.strip(), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "d").exists() and not (tmp_path / "s").exists()
+
+
+def test_a_started_seed_keeps_its_arguments(tmp_path):
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "seed424242.tar.xz").write_bytes(b"")
+    done = sitting("424242", "5", "--dir", str(tmp_path / "d"), "--store", str(tmp_path / "s"), "--", "--configs", "2")
+    assert done.returncode == 2 and "has started" in done.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_sitting_resumes_a_stored_seed_from_a_clone_at_its_commit_and_stores_it_back(tmp_path):
+    """The round trip a session relies on: the archive is unpacked, the bench runs from a clone at the plan's commit
+    (here every configuration is already finished, so it only scores them), the ledger line reaches --ledger, and the
+    archive is written back."""
+    import tarfile
+
+    seed, args = 424242, ["--configs", "1", "--iters", "6", "--repeats", "2"]
+    configs, _ = ma.draw_configs(seed, 1, lambda c: ma.why_infeasible(c, 6, 2, 5, 120, 0.0))
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    work = tmp_path / "made" / f"seed{seed}"
+    report = work / "config1" / "report"
+    report.mkdir(parents=True)
+    (work / "holdout.json").write_text(json.dumps({"seed": seed, "configs": configs, "commit": head, "iters": 6,
+                                                   "repeats": 2, "warmup_iters": 5, "min_measured_s": 0.0}))
+    (work / "sitting-args").write_text("\n".join(args) + "\n")
+    (report / "prediction_error.csv").write_text("compressor,bandwidth,bound_by,error_pct\nsyncsgd,unshaped,compute,"
+                                                 "-2.0\ntopk,unshaped,floor,12.0\n")
+    (report / "crossovers.csv").write_text("verdict\nagrees\n")
+    store = ResultsStore(work / "config1" / "results")
+    store_trial(store, "a" * 16, "syncsgd", 1.0, [[1.0] * 6])
+    store_trial(store, "b" * 16, "syncsgd", 1.2, [[1.2] * 6])
+    (tmp_path / "s").mkdir()
+    with tarfile.open(tmp_path / "s" / f"seed{seed}.tar.xz", "w:xz") as tar:
+        tar.add(work, arcname=f"seed{seed}")
+    ledger = tmp_path / "ledger.jsonl"
+
+    done = sitting(str(seed), "5", "--dir", str(tmp_path / "d"), "--store", str(tmp_path / "s"), "--ledger",
+                   str(ledger))
+    assert done.returncode == 0, done.stderr
+    clone = tmp_path / "d" / f"clone{seed}"
+    assert subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip() == head
+    line = json.loads(ledger.read_text())
+    assert line["seed"] == seed and line["median_error_pct"] == 7.0 and line["worst_error_pct"] == 12.0
+    with tarfile.open(tmp_path / "s" / f"seed{seed}.tar.xz") as tar:
+        names = tar.getnames()
+    assert f"seed{seed}/holdout.json" in names and f"seed{seed}/config1.md" not in names  # nothing to run: no log
+    assert f"seed{seed}/config1/report/prediction_error.csv" in names
+    assert not (REPO / "bench" / "holdout_runs" / f"seed{seed}.tar.xz").exists()

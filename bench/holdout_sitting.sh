@@ -1,0 +1,84 @@
+#!/bin/bash
+# One sitting of a held-out seed (issue 32, bench/model_accuracy.py --holdout): a seed takes hours longer than a
+# working session, and the machine a session runs on is fresh each time, so a seed's progress lives in the repository
+# between sittings, as bench/holdout_runs/seed<SEED>.tar.xz (its --out folder: plan, calibrations, profiles, trials).
+#
+#   bench/holdout_sitting.sh SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [-- BENCH_ARGS...]
+#
+# - unpacks the seed's stored progress (from --store, default bench/holdout_runs) into DIR/seed<SEED> (default DIR:
+#   /var/tmp/gc-holdout) unless it is there;
+# - runs the bench from a clone of this repository at the commit the model was frozen at (the plan's, or HEAD for a
+#   seed's first sitting), with PYTHONPATH set to the clone: the frozen model, not the checkout's, is what is judged;
+# - after MINUTES sends SIGINT to the bench's process group (the trial in flight is lost, its cluster taken down);
+# - packs the progress back into the archive, and once the seed is finished copies its ledger line into
+#   --ledger (default bench/holdout_results.jsonl). Commit both.
+# BENCH_ARGS (e.g. --configs 7 --with-issue-config --iters 6 --repeats 2 --min-measured-s 8) are needed on the first
+# sitting only: they are kept beside the plan (sitting-args) and reused. Needs root, as the bench does.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+die() { echo "holdout_sitting.sh: $*" >&2; exit 2; }
+[ $# -ge 2 ] || die "expected SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [-- BENCH_ARGS...]"
+SEED=$1 MINUTES=$2
+shift 2
+[[ $SEED =~ ^[0-9]{1,9}$ ]] || die "SEED '$SEED': expected a non-negative integer"
+[[ $MINUTES =~ ^[0-9]{1,4}$ ]] && [ "$MINUTES" -ge 1 ] || die "MINUTES '$MINUTES': expected an integer 1-9999"
+DIR=/var/tmp/gc-holdout STORE=$REPO/bench/holdout_runs LEDGER=$REPO/bench/holdout_results.jsonl
+while [ $# -gt 0 ]; do
+  case $1 in
+    --dir) [ $# -ge 2 ] || die "--dir: expected a folder"; DIR=$2; shift 2 ;;
+    --store) [ $# -ge 2 ] || die "--store: expected a folder"; STORE=$2; shift 2 ;;
+    --ledger) [ $# -ge 2 ] || die "--ledger: expected a file"; LEDGER=$2; shift 2 ;;
+    --) shift; break ;;
+    *) die "'$1': expected --dir DIR, --store DIR, --ledger FILE or -- BENCH_ARGS..." ;;
+  esac
+done
+[[ $DIR = /* ]] || die "--dir '$DIR': expected an absolute path"
+[[ $STORE = /* ]] || die "--store '$STORE': expected an absolute path"
+[[ $LEDGER = /* ]] || die "--ledger '$LEDGER': expected an absolute path"
+ARCHIVE=$STORE/seed$SEED.tar.xz
+WORK=$DIR/seed$SEED CLONE=$DIR/clone$SEED
+PY=$REPO/.venv/bin/python
+[ -x "$PY" ] || die "$PY: not found; run 'make venv' first"
+if [ -f "$WORK/sitting-args" ] || [ -f "$ARCHIVE" ]; then  # started: its arguments were kept with it
+  [ $# -eq 0 ] || die "seed $SEED has started (in $ARCHIVE or $WORK): its bench arguments are kept there; give none"
+else
+  [ $# -gt 0 ] || die "seed $SEED has not started: give its bench arguments after --"
+fi
+if [ ! -d "$WORK" ] && [ -f "$ARCHIVE" ]; then
+  mkdir -p "$DIR"
+  tar -xJf "$ARCHIVE" -C "$DIR"
+fi
+if [ $# -eq 0 ]; then mapfile -t ARGS < "$WORK/sitting-args"; else ARGS=("$@"); fi
+if [ -f "$WORK/holdout.json" ]; then
+  COMMIT=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["commit"])' "$WORK/holdout.json")
+else
+  [ -z "$(git -C "$REPO" status --porcelain testbed/perfmodel)" ] || die "testbed/perfmodel has uncommitted changes; freeze the model in a commit first"
+  COMMIT=$(git -C "$REPO" rev-parse HEAD)
+fi
+[[ $COMMIT =~ ^[0-9a-f]{40}$ ]] || die "frozen commit '$COMMIT' in $WORK/holdout.json: expected a clean commit"
+if [ ! -d "$CLONE/.git" ]; then
+  git clone -q "$REPO" "$CLONE"
+fi
+git -C "$CLONE" checkout -q "$COMMIT"
+mkdir -p "$WORK"
+printf '%s\n' "${ARGS[@]}" > "$WORK/sitting-args"
+
+# timeout runs the bench in a process group of its own and at the deadline sends SIGINT to all of it, as a terminal's
+# Ctrl-C would; a SIGINT or SIGTERM here is passed on to it the same way
+cd "$CLONE"
+timeout -s INT "${MINUTES}m" env PYTHONPATH="$CLONE" "$PY" bench/model_accuracy.py --holdout "$SEED" "${ARGS[@]}" \
+  --out "$WORK" &
+BENCH=$!
+trap 'kill -INT "$BENCH" 2>/dev/null || true' INT TERM
+rc=0
+wait "$BENCH" || rc=$?
+while kill -0 "$BENCH" 2>/dev/null; do wait "$BENCH" || rc=$?; done  # a trapped signal ends the first wait early
+
+mkdir -p "$(dirname "$ARCHIVE")"
+tar -cJf "$ARCHIVE.part" -C "$DIR" "seed$SEED" && mv "$ARCHIVE.part" "$ARCHIVE"
+LINE=$(grep -h "^{\"seed\": $SEED," "$CLONE/bench/holdout_results.jsonl" 2>/dev/null || true)
+if [ "$rc" -eq 0 ] && [ -n "$LINE" ] && ! grep -qs "^{\"seed\": $SEED," "$LEDGER"; then
+  printf '%s\n' "$LINE" >> "$LEDGER"
+  echo "seed $SEED finished: its line is in $LEDGER"
+fi
+echo "seed $SEED: progress in $ARCHIVE (bench exit $rc); commit it"
