@@ -138,17 +138,23 @@ def test_a_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def finished_config(out: Path, errors: str, verdicts: list[str]) -> None:
+    """A configuration as the bench leaves it finished: its report's errors (CSV rows compressor,bandwidth,bound_by,
+    error_pct) and crossover verdicts, and sync SGD unshaped launched twice (medians 1.0 and 1.2 s)."""
+    report = out / "report"
+    report.mkdir(parents=True)
+    (report / "prediction_error.csv").write_text("compressor,bandwidth,bound_by,error_pct\n" + errors)
+    (report / "crossovers.csv").write_text("verdict\n" + "".join(f'"{v}"\n' for v in verdicts))
+    store = ResultsStore(out / "results")
+    store_trial(store, "a" * 16, "syncsgd", 1.0, [[1.0] * 6])
+    store_trial(store, "b" * 16, "syncsgd", 1.2, [[1.2] * 6])
+
+
 def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp_path):
     plan = {"seed": 9, "configs": [FAST, ISSUE], "commit": "abc123", "iters": 6, "repeats": 2, "min_measured_s": 8.0}
     (tmp_path / "holdout.json").write_text(json.dumps(plan))
-    report = tmp_path / "config1" / "report"
-    report.mkdir(parents=True)
-    (report / "prediction_error.csv").write_text("compressor,bandwidth,bound_by,error_pct\nsyncsgd,unshaped,compute,-2.0\n"
-                                                 "topk,unshaped,floor,4.0\nsyncsgd,100mbit,floor,-30.0\n")
-    (report / "crossovers.csv").write_text('verdict\n"agrees: never"\nundecided: too wide\nagrees\n')
-    store = ResultsStore(tmp_path / "config1" / "results")
-    store_trial(store, "a" * 16, "syncsgd", 1.0, [[1.0] * 6])
-    store_trial(store, "b" * 16, "syncsgd", 1.2, [[1.2] * 6])
+    finished_config(tmp_path / "config1", "syncsgd,unshaped,compute,-2.0\ntopk,unshaped,floor,4.0\n"
+                    "syncsgd,100mbit,floor,-30.0\n", ["agrees: never", "undecided: too wide", "agrees"])
     score = ma.config_score(tmp_path / "config1")
     assert score["errors"] == [2.0, 4.0, 30.0] and score["verdicts"] == ["agrees", "undecided", "agrees"]
     assert ma.config_score(tmp_path / "config2") is None
@@ -227,17 +233,10 @@ def test_a_sitting_resumes_a_stored_seed_from_a_clone_at_its_commit_and_stores_i
     configs, _ = ma.draw_configs(seed, 1, lambda c: ma.why_infeasible(c, 6, 2, 5, 120, 0.0))
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     work = tmp_path / "made" / f"seed{seed}"
-    report = work / "config1" / "report"
-    report.mkdir(parents=True)
+    finished_config(work / "config1", "syncsgd,unshaped,compute,-2.0\ntopk,unshaped,floor,12.0\n", ["agrees"])
     (work / "holdout.json").write_text(json.dumps({"seed": seed, "configs": configs, "commit": head, "iters": 6,
                                                    "repeats": 2, "warmup_iters": 5, "min_measured_s": 0.0}))
     (work / "sitting-args").write_text("\n".join(args) + "\n")
-    (report / "prediction_error.csv").write_text("compressor,bandwidth,bound_by,error_pct\nsyncsgd,unshaped,compute,"
-                                                 "-2.0\ntopk,unshaped,floor,12.0\n")
-    (report / "crossovers.csv").write_text("verdict\nagrees\n")
-    store = ResultsStore(work / "config1" / "results")
-    store_trial(store, "a" * 16, "syncsgd", 1.0, [[1.0] * 6])
-    store_trial(store, "b" * 16, "syncsgd", 1.2, [[1.2] * 6])
     (tmp_path / "s").mkdir()
     with tarfile.open(tmp_path / "s" / f"seed{seed}.tar.xz", "w:xz") as tar:
         tar.add(work, arcname=f"seed{seed}")
