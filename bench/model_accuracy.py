@@ -345,10 +345,11 @@ def sampling_sd_pct(results: Path, draws: int = 400) -> list[float]:
     return out
 
 
-def noise(results: Path) -> dict[str, list[float]]:
+def noise(results: Path, by_setting: dict[tuple[str, int], list[list[float]]] | None = None) -> dict[str, list[float]]:
     """The measurement's own noise in a configuration's results: its launches' spread, the sample of steps inside a
-    trial, and what an exact model would score."""
-    medians = [g for gs in launch_medians(results).values() for g in gs]  # the results store read once for both
+    trial, and what an exact model would score. `by_setting`: `launch_medians(results)` where the caller has it."""
+    by_setting = launch_medians(results) if by_setting is None else by_setting
+    medians = [g for gs in by_setting.values() for g in gs]  # the results store read once for both
     return {"launch_spread": launch_spread_pct(medians), "sampling_sd": sampling_sd_pct(results),
             "noise_floor": noise_floor_pct(medians)}  # fmt: skip
 
@@ -399,7 +400,7 @@ def config_score(out: Path) -> dict | None:
         gs = medians.get((r.compressor, rate), [])
         # its launches' own noise: for 2 launches |a - b| / 2 over their mean (None: launched once)
         settings.append((abs(float(r.error_pct)), str(r.bound_by), noise_floor_pct(gs)[0] if len(gs) == 1 else None))
-    return {"errors": [e for e, _, _ in settings], "verdicts": verdicts, "noise": noise(out / "results"),
+    return {"errors": [e for e, _, _ in settings], "verdicts": verdicts, "noise": noise(out / "results", medians),
             "profiles": profile_spread_pct(out / "profiles"), "settings": settings}  # fmt: skip
 
 
@@ -445,12 +446,13 @@ def seed_table(work: Path, scores: list[dict | None] | None = None) -> str:
         more = cells(score) if score is not None else {"model: median": "not run yet"}
         rows.append({"#": i + 1, "configuration": describe_config(c), **more})
     done = [sc for sc in scores if sc is not None]
+    pooled = pool_scores(done)
     if done:
-        rows.append({"#": "all", "configuration": "the finished ones", **cells(pool_scores(done))})
+        rows.append({"#": "all", "configuration": "the finished ones", **cells(pooled)})
     text = (f"Seed {plan['seed']}, the model frozen at {plan['commit']}, {plan['iters']} measured iterations"
             f"{' (--min-measured-s ' + format(plan['min_measured_s'], 'g') + ')' if plan.get('min_measured_s') else ''}"
             f", {plan['repeats']} repetitions:\n\n" + md(pd.DataFrame(rows).astype(object).fillna("")))  # fmt: skip
-    return text + (misses(pool_scores(done)["settings"], done) if done else "")
+    return text + (misses(pooled["settings"], done) if done else "")
 
 
 MISS_PCT, AGREE_PCT = 15.0, 5.0  # the worst-case target; launches "agree" within this of their mean
