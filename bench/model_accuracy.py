@@ -39,7 +39,9 @@ setting's true median would be expected to score against the launches' mean.
 `--min-measured-s S` gives each trial enough measured steps (by the estimate of its step, at most MAX_ITERS) to last
 S seconds, its warm-up in proportion: a fast step on shared cores is noisy and cheap, a slow wire-bound one steady and
 dear. Each group of trials with the same counts is one `testbed sweep`. The co-located profiles get enough steps too:
-their in-place floors are medians of steps as noisy as a trial's.
+their in-place floors are medians of steps as noisy as a trial's, and they move from launch to launch as a trial
+does, so where one launch's MAX_ITERS steps last less than S, a repetition's profile is launched again until they
+last S (`profile_launches`, at most MAX_PROFILE_LAUNCHES; folders `<n>hosts-rep<r>-launch<j>`), all of them pooled.
 """
 
 from __future__ import annotations
@@ -102,8 +104,8 @@ def md(df: pd.DataFrame) -> str:
 
 
 def pool_repeats(rep_dirs: list[Path], out: Path) -> str:
-    """Pool each model's profiles from the repetitions (median of every timing) into `out`; a Markdown table of
-    forward + backward per repetition, the machine's drift over the run."""
+    """Pool each model's profiles from the repetitions' launches (median of every timing) into `out`; a Markdown
+    table of forward + backward per launch (in the order of `rep_dirs`), the machine's drift over the run."""
     from testbed import perfmodel as pm
     from testbed.modelling import save_profile
 
@@ -116,7 +118,7 @@ def pool_repeats(rep_dirs: list[Path], out: Path) -> str:
         pooled = pm.pool_profiles(profs)
         save_profile(pooled, out)
         rows.append({"model": model, "batch": bs, "co-located ranks": colocated,
-                     "forward + backward ms per repetition": ", ".join(f"{(p.forward_s + p.backward_s) * 1e3:.0f}"
+                     "forward + backward ms per launch": ", ".join(f"{(p.forward_s + p.backward_s) * 1e3:.0f}"
                                                                       for p in profs),
                      "pooled ms": f"{(pooled.forward_s + pooled.backward_s) * 1e3:.0f}"})  # fmt: skip
     return "profiles pooled over the repetitions:\n\n" + md(pd.DataFrame(rows))
@@ -245,12 +247,35 @@ def profile_iters(cfg: dict, iters: int, min_measured_s: float) -> int:
     return min(MAX_ITERS, max(least, math.ceil(min_measured_s / step_s(cfg))))
 
 
+MAX_PROFILE_LAUNCHES = 8  # what a repetition's co-located profile launches at most
+
+
+def profile_launches(cfg: dict, iters: int, min_measured_s: float) -> int:
+    """Launches of a repetition's co-located profile: one, or with `min_measured_s`, as many as it takes for their
+    compute steps (MAX_ITERS each at most) to last that long by the estimate, at most MAX_PROFILE_LAUNCHES. A floor
+    moves from launch to launch as a trial does: seed 2, configuration 6 (cnn bs16, 4 ranks on 2 cores, ~70 ms steps),
+    fp16's in-place step 66-81 ms over nine launches (SD 6.7 %); the seed's two were both at the low end and its
+    fp16 predictions 11 % short. Pooled (`pool_repeats`: the median over every launch of every repetition)."""
+    if min_measured_s <= 0:
+        return 1
+    per_launch_s = profile_iters(cfg, iters, min_measured_s) * step_s(cfg)
+    return max(1, min(MAX_PROFILE_LAUNCHES, math.ceil(min_measured_s / per_launch_s)))
+
+
+def profile_dirs(profiles: Path, hosts: int, rep: int, launches: int) -> list[Path]:
+    """A repetition's profile folders, one per launch: `<hosts>hosts-rep<rep>` (the first; what a single launch
+    writes), then `-launch2`, ...; every one matches `<hosts>hosts-rep*`, which the pooling reads."""
+    first = profiles / f"{hosts}hosts-rep{rep}"
+    return [first, *(first.with_name(f"{first.name}-launch{j}") for j in range(2, launches + 1))]
+
+
 def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int, min_measured_s: float = 0.0) -> float:
     """A rough wall time: every trial's steps (compute and the wire at its rate), the co-located profiles of each
     repetition, and a calibration per rate."""
     trials = sum(15 + sum(trial_iters(cfg, c, r, iters, warmup, min_measured_s)) * trial_step_s(cfg, c, r)
                  for c in cfg["compressors"] for r in cfg["bw"]) * repeats  # fmt: skip
-    profiles = repeats * (60 + 1.5 * len(cfg["compressors"]) * profile_iters(cfg, iters, min_measured_s) * step_s(cfg))
+    one_profile = 60 + 1.5 * len(cfg["compressors"]) * profile_iters(cfg, iters, min_measured_s) * step_s(cfg)
+    profiles = repeats * profile_launches(cfg, iters, min_measured_s) * one_profile
     return trials + profiles + 110 * len(cfg["bw"])
 
 
@@ -668,16 +693,17 @@ def main() -> int:
             # profile, then every trial once; again: the drift lands on both alike. Each repetition's trials have
             # their own seed (their own trial ids: a sweep skips what is stored); the report pools them per setting
             for rep in range(repeats):
-                rep_dir = profiles / f"{n}hosts-rep{rep + 1}"
-                rep_dir.mkdir(exist_ok=True)
                 for m in models:
                     cfg = {"model": m, "hosts": n, "batch_size": args.batch_size, "bw": bw.split(","),
                            "compressors": compressors.split(",")}  # fmt: skip
-                    if not any(p.model == m for p in pm.find_profiles(rep_dir)):
-                        testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads",
-                                str(threads), "--colocated", str(n), "--out", str(rep_dir), "--iters",
-                                str(profile_iters(cfg, iters, args.min_measured_s)), "--compressors", profiled,
-                                "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
+                    launches = profile_launches(cfg, iters, args.min_measured_s)
+                    for launch_dir in profile_dirs(profiles, n, rep + 1, launches):
+                        launch_dir.mkdir(exist_ok=True)
+                        if not any(p.model == m for p in pm.find_profiles(launch_dir)):
+                            testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads",
+                                    str(threads), "--colocated", str(n), "--out", str(launch_dir), "--iters",
+                                    str(profile_iters(cfg, iters, args.min_measured_s)), "--compressors", profiled,
+                                    "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
                     for rates, comps, its, warm in sweep_groups(cfg, iters, args.warmup_iters, args.min_measured_s):
                         testbed("sweep", "--name", NAME, "--bw", ",".join(rates), "--compressor", ",".join(comps),
                                 "--world-size", str(n), "--model", m, "--batch-size", str(args.batch_size), "--iters",

@@ -254,3 +254,26 @@ def test_a_sitting_resumes_a_stored_seed_from_a_clone_at_its_commit_and_stores_i
     assert f"seed{seed}/holdout.json" in names and f"seed{seed}/config1.md" not in names  # nothing to run: no log
     assert f"seed{seed}/config1/report/prediction_error.csv" in names
     assert not (REPO / "bench" / "holdout_runs" / f"seed{seed}.tar.xz").exists()
+
+
+def test_a_fast_co_located_profile_is_launched_again_until_its_steps_last_the_time(tmp_path, monkeypatch):
+    # seed 2, configuration 6: cnn bs16 on 4 ranks, one launch's 40 steps ~1 s by the estimate, its floors 5-8 %
+    # apart from launch to launch
+    cnn = {**FAST, "hosts": 4, "batch_size": 16}
+    launches = ma.profile_launches(cnn, 6, 8.0)
+    per_launch_s = ma.profile_iters(cnn, 6, 8.0) * ma.step_s(cnn)
+    assert launches == min(ma.MAX_PROFILE_LAUNCHES, math.ceil(8.0 / per_launch_s)) and launches > 2
+    assert ma.profile_launches(FAST, 6, 8.0) == ma.MAX_PROFILE_LAUNCHES  # ~6 ms steps: capped
+    assert ma.profile_launches(ISSUE, 6, 8.0) == 1  # 40 steps of ~0.2 s already last 8 s
+    assert ma.profile_launches(cnn, 6, 0.0) == 1  # without --min-measured-s: one launch, as before
+    # the estimate counts every launch: each one a profile's cost (at least its 60 s start), per repetition
+    estimate = ma.estimate_wall_s(cnn, 6, 2, 5, 8.0)
+    monkeypatch.setattr(ma, "profile_launches", lambda *_: 1)
+    assert estimate - ma.estimate_wall_s(cnn, 6, 2, 5, 8.0) >= 2 * (launches - 1) * 60
+    # the launches' folders: the first is a repetition's own (a single launch writes where it always did), the others
+    # beside it, and the pooling's glob finds every one of them and no other repetition's or host count's
+    dirs = ma.profile_dirs(tmp_path, 4, 2, 3)
+    assert [d.name for d in dirs] == ["4hosts-rep2", "4hosts-rep2-launch2", "4hosts-rep2-launch3"]
+    for d in [*dirs, tmp_path / "4hosts-rep1", tmp_path / "14hosts-rep2"]:
+        d.mkdir()
+    assert set(tmp_path.glob("4hosts-rep*")) == {*dirs, tmp_path / "4hosts-rep1"}
