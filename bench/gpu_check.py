@@ -54,6 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), *sorted(glob.glob(str(REPO / ".gpu-wheels" / "*.whl")))]
 
+from runners.contract import DEFAULT_PROBE_S  # noqa: E402
 from testbed.ranks import ThisMachine  # noqa: E402  (after the path: no pyroute2, no torch)
 
 NAME = "gpuchk"
@@ -373,7 +374,7 @@ def run_allreduce(cluster, backend: str, work: Path, size_bytes: int, reps: int,
 
 # ------------------------------------------------------------------------------------------------ model
 def calibrate_at(cluster, rate: int | None, profiles: Path, backend: str, sizes: str, reps: int,
-                 timeout_s: float) -> str:  # fmt: skip
+                 timeout_s: float, probe_s: float) -> str:  # fmt: skip
     """`testbed calibrate` at one trial rate (None: unshaped), the trials' backend and placement; one line."""
     from shaping.plan import LinkShape
     from shaping.units import rate_or_unshaped
@@ -383,7 +384,7 @@ def calibrate_at(cluster, rate: int | None, profiles: Path, backend: str, sizes:
 
     c, _ = run_calibration(cluster, profiles, shape=LinkShape(rate) if rate else None, unshaped=rate is None,
                            world_size=2, backend=backend, sizes_bytes=parse_sizes(sizes), reps=reps,
-                           timeout_s=timeout_s)  # fmt: skip
+                           timeout_s=timeout_s, probe_s=probe_s)  # fmt: skip
     return f"- calibration at {rate_or_unshaped(rate)} ({c.backend}): {calibration_summary(c)}"
 
 
@@ -557,6 +558,8 @@ def parse_args(argv=None):
     ap.add_argument("--calibrate-sizes", default="256kb,4mb,16mb,64mb",
                     help="message sizes of the calibrations (default: %(default)s)")
     ap.add_argument("--calibrate-reps", type=int, default=3, help="timed repetitions per size (default: %(default)s)")
+    ap.add_argument("--calibrate-probe-s", type=float, default=DEFAULT_PROBE_S,
+                    help="seconds of training steps per contention measurement (default: %(default)g)")
     # the fail-fast test: rank R of the first preflight exits 3 at init (the retry over loopback runs clean)
     ap.add_argument("--fail-preflight-rank", type=int, default=None, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
@@ -579,7 +582,8 @@ def main(argv=None) -> int:
         from testbed.model_cli import parse_sizes
 
         sizes = parse_sizes(args.calibrate_sizes, "--calibrate-sizes")  # an error now, not after the trials
-        check_settings(sizes, args.calibrate_reps, 180, sizes_flag="--calibrate-sizes", reps_flag="--calibrate-reps")
+        check_settings(sizes, args.calibrate_reps, 180, sizes_flag="--calibrate-sizes", reps_flag="--calibrate-reps",
+                       probe_s=args.calibrate_probe_s, probe_flag="--calibrate-probe-s")  # fmt: skip
     from shaping.units import parse_rate_bps
 
     wanted_rates = [parse_rate_bps(r) for r in args.rates.split(",")]
@@ -727,7 +731,7 @@ def run_check(args, deadline: Deadline, o: Output, facts: dict, wanted_rates, co
                 continue
             try:
                 o.table(calibrate_at(cluster, rate, profiles, args.backend, args.calibrate_sizes,
-                                     args.calibrate_reps, budget))  # fmt: skip
+                                     args.calibrate_reps, budget, args.calibrate_probe_s))  # fmt: skip
             except Exception as exc:  # noqa: BLE001 (reported, and the check fails)
                 o.table(f"- calibration at {rate_label(rate, loopback)} failed: {type(exc).__name__}: {exc}")
                 failures.append("calibration failed")

@@ -211,7 +211,7 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
         # at the smallest and the largest size: the collective's own time beside compute gives a latency and a
         # per-byte slowdown; what it took from the compute, the host cost (largest size)
         step, step_s = _training_step(torch, device, sync)
-        steps = max(2, min(8, int(2.0 / max(step_s, 1e-3))))  # about 2 s of compute per measurement
+        steps = max(2, min(8, int(args.probe_s / max(step_s, 1e-3))))  # about --probe-s of compute per measurement
         contention = []
         for size in sorted({min(args.sizes_bytes), max(args.sizes_bytes)}):
             numel, ops = collectives(size)

@@ -330,6 +330,10 @@ class RankEnv:
 
 # ------------------------------------------------------------------------------------------------ collective benchmark
 COLLBENCH_SCHEMA = "testbed.collbench/1"
+# seconds of training steps per contention measurement (alone, then beside a stream of each collective at the smallest
+# and the largest size, per rep): most of a calibration's time at small sizes
+DEFAULT_PROBE_S = 2.0
+MAX_PROBE_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,11 +352,12 @@ class CollBenchArgs:
     iface: str | None = None
     timeout_s: float = 120.0
     threads: int = 0
+    probe_s: float = DEFAULT_PROBE_S
 
     def to_argv(self) -> list[str]:
         argv = ["--out", self.out, "--sizes-bytes", ",".join(str(s) for s in self.sizes_bytes), "--reps",
                 str(self.reps), "--warmup", str(self.warmup), "--backend", self.backend, "--timeout-s",
-                f"{self.timeout_s:g}", "--threads", str(self.threads)]  # fmt: skip
+                f"{self.timeout_s:g}", "--threads", str(self.threads), "--probe-s", f"{self.probe_s:g}"]  # fmt: skip
         if self.iface:
             argv += ["--iface", self.iface]
         return argv
@@ -368,18 +373,22 @@ class CollBenchArgs:
         p.add_argument("--iface", help="data interface (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)")
         p.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
         p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+        p.add_argument("--probe-s", type=float, default=DEFAULT_PROBE_S,
+                       help="seconds of training steps per contention measurement")  # fmt: skip
         ns = p.parse_args(argv)
         try:
             sizes = tuple(int(s) for s in ns.sizes_bytes.split(",") if s.strip())
         except ValueError:
             raise ContractError(f"--sizes-bytes {ns.sizes_bytes!r}: expected comma-separated integers") from None
-        args = cls(ns.out, sizes, ns.reps, ns.warmup, ns.backend, ns.iface, ns.timeout_s, ns.threads)
+        args = cls(ns.out, sizes, ns.reps, ns.warmup, ns.backend, ns.iface, ns.timeout_s, ns.threads, ns.probe_s)
         if not sizes or min(sizes) < 4:
             raise ContractError(f"--sizes-bytes {ns.sizes_bytes!r}: expected sizes >= 4 bytes")
         if args.reps < 1 or args.warmup < 0 or args.threads < 0:
             raise ContractError("--reps must be >= 1, --warmup and --threads >= 0")
         if not (args.timeout_s > 0 and math.isfinite(args.timeout_s)):
             raise ContractError(f"--timeout-s {args.timeout_s}: expected a finite number > 0")
+        if not 0 < args.probe_s <= MAX_PROBE_S:
+            raise ContractError(f"--probe-s {args.probe_s}: expected seconds in (0, {MAX_PROBE_S:g}]")
         return args
 
 

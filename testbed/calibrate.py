@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from runners.contract import CollBenchArgs
+from runners.contract import DEFAULT_PROBE_S, MAX_PROBE_S, CollBenchArgs
 from shaping.plan import LinkShape
 from testbed import cross_traffic as cross_flows
 from testbed import launch_plan, ranks
@@ -39,7 +39,8 @@ MAX_REPS = 1000
 
 
 def check_settings(
-    sizes_bytes: Sequence[int], reps: int, timeout_s: float, *, sizes_flag: str = "--sizes", reps_flag: str = "--reps"
+    sizes_bytes: Sequence[int], reps: int, timeout_s: float, *, sizes_flag: str = "--sizes", reps_flag: str = "--reps",
+    probe_s: float = DEFAULT_PROBE_S, probe_flag: str = "--probe-s",
 ) -> None:
     """Errors name the flags (`testbed calibrate`'s by default; a caller with other flag names passes its own)."""
     if len(set(sizes_bytes)) < 2:
@@ -51,6 +52,8 @@ def check_settings(
         raise InputError(f"{reps_flag} {reps}: expected an integer in [1, {MAX_REPS}]")
     if not (timeout_s > 0 and timeout_s < float("inf")):
         raise InputError(f"--timeout {timeout_s:g}: expected a positive number of seconds")
+    if not 0 < probe_s <= MAX_PROBE_S:
+        raise InputError(f"{probe_flag} {probe_s:g}: expected seconds in (0, {MAX_PROBE_S:g}]")
 
 
 def run_calibration(
@@ -68,14 +71,15 @@ def run_calibration(
     figure: bool = True,
     on_phase: Callable[[str], None] | None = None,
     cross_traffic: int = 0,
+    probe_s: float = DEFAULT_PROBE_S,
 ) -> tuple[Calibration, Path]:
     """Measure, fit and store; returns the calibration and the JSON's path (the figure is beside it, .png).
     `shape` None measures at the cluster's current shaping, or with every link unshaped when `unshaped`.
     `cross_traffic` N: N bulk TCP flows share the links while it measures (recorded; the predictions of trials with
-    N flows use it, the others never)."""
+    N flows use it, the others never). `probe_s`: seconds of training steps per contention measurement."""
     from testbed.launch import TrialFailed, end_trial, make_plan, watch_ranks
 
-    check_settings(sizes_bytes, reps, timeout_s)
+    check_settings(sizes_bytes, reps, timeout_s, probe_s=probe_s)
     check_cross_traffic(cross_traffic)
     if cross_traffic and len(cluster.hosts()) < 2:
         raise InputError(f"--cross-traffic {cross_traffic}: cross traffic needs at least 2 hosts")
@@ -106,6 +110,7 @@ def run_calibration(
     used = list(plan.hosts)
     procs: list = []
     cross: list = []
+    keep_logs = False  # the working folder is kept only for an error that names the logs in it
     # what the next command on the cluster needs to end this calibration's ranks and restore the shaping after a
     # SIGKILL of this process (testbed.cluster_lease)
     note = {"what": f"calibration {run_id}", "hosts": [h.name for h in hosts], "processes": [],
@@ -142,6 +147,7 @@ def run_calibration(
                 iface=r.host.data_iface,
                 timeout_s=max(30.0, min(timeout_s, 300.0)),
                 threads=cluster.threads_per_rank(trial.world_size),
+                probe_s=probe_s,
             )
             starts.append(ranks.Rank(r.host, [sys.executable, "-m", "runners.collbench", *args.to_argv()], r.env,
                                      work / "logs" / r.log_name))  # fmt: skip
@@ -149,11 +155,15 @@ def run_calibration(
         try:
             watch_ranks(procs, deadline=time.monotonic() + timeout_s, out_dir=work)
         except TrialFailed as e:
+            if e.status == "interrupted":  # a signal: the caller says so and exits 128 + its number
+                raise
+            keep_logs = True
             raise LaunchError(f"calibration failed: {e}") from None
         cluster.fetch(used[0], rank_out, work)
         try:
             bench = json.loads((work / "collbench.json").read_text())
         except FileNotFoundError:
+            keep_logs = True
             raise LaunchError(f"calibration: rank 0 wrote no results (logs in {work / 'logs'})") from None
     finally:
         try:
@@ -162,10 +172,11 @@ def run_calibration(
                                                            (unshaped and configured is not None))  # fmt: skip
         finally:
             registry.clear_trial(cluster.name)
+            if not keep_logs:  # kept only when the error names the logs there; an interrupt leaves nothing
+                shutil.rmtree(work, ignore_errors=True)
         if problems and sys.exc_info()[0] is None:  # never hide the error that ended the calibration
             raise LaunchError(f"calibration: cleaning up failed: {'; '.join(problems)}; `testbed down --name "
                               f"{cluster.name}` ends what is left")  # fmt: skip
-    shutil.rmtree(work, ignore_errors=True)  # kept only when the run failed: its error names the logs there
     calibration = calibration_from_bench(bench, cluster=cluster.name, rate_bps=rate_bps, cross_traffic=cross_traffic)
     path = save_calibration(calibration, out_dir)
     if figure:

@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
+from runners.contract import DEFAULT_PROBE_S
 from testbed import model_views, modelling
 from testbed import perfmodel as pm
 from testbed.errors import InputError, why_not_a_file
@@ -252,6 +253,10 @@ def add_commands(subparsers: Any) -> None:
         help="message sizes (all-reduce buffer, all-gather output), comma-separated (default: %(default)s)",
     )
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per size and collective (default: 5)")
+    p.add_argument("--probe-s", type=float, default=DEFAULT_PROBE_S, metavar="SECONDS",
+                   help="seconds of training steps per contention measurement (the compute the collectives take "
+                   "from a rank, at the smallest and largest size, per rep): most of a calibration's time at small "
+                   "sizes; shorter is quicker and noisier (default: %(default)g)")  # fmt: skip
     p.add_argument(
         "--cross-traffic",
         type=int,
@@ -377,7 +382,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from testbed.calibrate import check_settings, run_calibration
     from testbed.cluster import backends
     from testbed.cluster_lease import hold
-    from testbed.launch import stop_on_signals
+    from testbed.launch import TrialFailed, stop_exit_code, stop_on_signals
     from testbed.outputs import check_output_dir
     from testbed.trial_args import wait_seconds
     from testbed.trial_shape import check_cross_traffic
@@ -386,7 +391,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes)
     if not math.isfinite(args.timeout) or args.timeout <= 0:
         raise InputError(f"--timeout {args.timeout:g}: expected a positive number of seconds")
-    check_settings(sizes, args.reps, args.timeout)
+    check_settings(sizes, args.reps, args.timeout, probe_s=args.probe_s)
     check_cross_traffic(args.cross_traffic)
     if args.world_size is not None and args.world_size < 2:
         raise InputError(f"--world-size {args.world_size}: a calibration needs at least 2 ranks")
@@ -401,19 +406,28 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         with console.status("calibrating...") as status:
             for shape, unshaped in points:
                 at = "unshaped" if unshaped else (pm.rate_text(shape.rate_bps) if shape else "the current shaping")
-                c, path = run_calibration(
-                    cluster,
-                    args.out,
-                    shape=shape,
-                    unshaped=unshaped,
-                    world_size=args.world_size,
-                    backend=args.backend,
-                    sizes_bytes=sizes,
-                    reps=args.reps,
-                    timeout_s=args.timeout,
-                    cross_traffic=args.cross_traffic,
-                    on_phase=lambda msg, at=at: status.update(f"calibrating at {at}: {msg}..."),
-                )
+                try:
+                    c, path = run_calibration(
+                        cluster,
+                        args.out,
+                        shape=shape,
+                        unshaped=unshaped,
+                        world_size=args.world_size,
+                        backend=args.backend,
+                        sizes_bytes=sizes,
+                        reps=args.reps,
+                        timeout_s=args.timeout,
+                        cross_traffic=args.cross_traffic,
+                        probe_s=args.probe_s,
+                        on_phase=lambda msg, at=at: status.update(f"calibrating at {at}: {msg}..."),
+                    )
+                except TrialFailed as e:
+                    if e.status != "interrupted":
+                        raise
+                    kept = f"; the {len(done)} rate(s) measured before it are stored" if done else ""
+                    print(f"testbed calibrate: {e}; the calibration ({at}) was not stored, its ranks were ended and "
+                          f"the shaping put back{kept}", file=sys.stderr)  # fmt: skip
+                    return stop_exit_code()
                 done.append((c, path))
     if args.json:  # one rate: the calibration's object (as always); several: a list of them, in --bw's order
         objs = [{"path": str(path), **pm.calibration_to_dict(c)} for c, path in done]

@@ -160,6 +160,8 @@ NO_CLUSTER = [
     (["calibrate", "--sizes", ""], "--sizes '': empty"),
     (["calibrate", "--reps", "0"], "--reps 0"),
     (["calibrate", "--timeout", "nan"], "--timeout nan"),
+    (["calibrate", "--probe-s", "0"], "--probe-s 0: expected seconds in (0, 60]"),
+    (["calibrate", "--probe-s", "inf"], "--probe-s inf: expected seconds in (0, 60]"),
     (["calibrate", "--world-size", "1"], "at least 2 ranks"),
     (["calibrate", "--cross-traffic", "-1"], "--cross-traffic -1: expected an integer from 0 to 16"),
     (["calibrate", "--bw", "9gbps"], "ambiguous unit"),

@@ -7,8 +7,8 @@ positive finite fit, and the largest size's time at least what the shaped rate a
 shaping (100 Mbit) must be back afterwards, and predict must pick the stored calibration; calibrated with the
 shaping cleared (--bw none), the fit is faster than the cluster's 100 Mbit could ever carry.
 
-One rep per size: the calibration's cost is its contention probe (~2 s of CNN compute per rank, rep, collective and
-size: the smallest and the largest), not the collectives; the sizes are spread (256 KB .. 4 MB: 10 .. 160 ms at
+One rep per size, and --probe-s 0.5: the calibration's cost is its contention probe (2 s of CNN compute per rank, rep,
+collective and size by default: the smallest and the largest), not the collectives; the sizes are spread (256 KB .. 4 MB: 10 .. 160 ms at
 200 Mbit) so that a loaded machine's ms of noise cannot tilt the fitted slope.
 """
 
@@ -16,15 +16,21 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
 
 import pytest
-from conftest import pids_in_netns, run_cli
+from conftest import REPO, one_line, pids_in_netns, run_cli, wait_for
 
 pytestmark = pytest.mark.root
 
 # the largest size moves in about 0.3-0.6 s at 200 Mbit/s: at 256kb..4mb (80-160 ms) one stall of a loaded machine on a
 # small size made the fit refuse ("time does not grow with message size") in a full suite (2026-12-03)
-SHAPED = ["--bw", "200mbit", "--sizes", "256kb,2mb,16mb", "--reps", "1"]
+# --probe-s 0.5: the contention probe's training steps (2 s per measurement by default, 8 measurements beside the
+# lockstep probe) were most of each calibration's time here; the test asks only that its terms exist and are >= 0
+PROBE = ["--probe-s", "0.5"]
+SHAPED = ["--bw", "200mbit", "--sizes", "256kb,2mb,16mb", "--reps", "1", *PROBE]
 
 
 def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_path):
@@ -83,7 +89,7 @@ def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_
     # it, the shaping back, and predict for trials without cross traffic still takes the calibration above (how
     # much slower the collectives run beside the flows is bench/topologies.py's figure, not a test's)
     done = testbed_cli("calibrate", "--name", name, "--bw", "200mbit", "--sizes", "256kb,8mb", "--reps", "1",
-                       "--cross-traffic", "1", "--out", str(out), "--json", timeout_s=240)  # fmt: skip
+                       *PROBE, "--cross-traffic", "1", "--out", str(out), "--json", timeout_s=240)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["cross_traffic"] == 1
     assert json.loads((out / f"calibration-{name}-gloo-p2-200mbit-x1.json").read_text())["cross_traffic"] == 1
@@ -94,20 +100,43 @@ def test_calibrate_fits_the_shaped_rate(testbed_cli, cli_env, make_cluster, tmp_
     assert json.loads(done.stdout)["calibration"].startswith(f"calibration {stored.name}")
 
 
-def test_calibrate_unshaped_clears_the_shaping_and_puts_it_back(testbed_cli, make_cluster, tmp_path):
+def test_calibrate_unshaped_clears_the_shaping_and_puts_it_back(testbed_cli, cli_env, make_cluster, tmp_path):
     """--bw none: measured with the shaping cleared, which is put back after; a cluster still shaped at 100 Mbit could
     not fit more than 110 Mbit/s, an unshaped veth carries Gbit/s (3x margin above 100 Mbit for a loaded machine).
     A test of its own (one calibration each: under the suite's load two took ~300 s). That predict interpolates
     between a shaped and an unshaped calibration is tests/unit/testbed/perfmodel/test_calibration.py's
     test_calibrations_at_several_rates_are_interpolated_in_log_rate; predict finding a stored calibration by name is
-    the test above."""
+    the test above.
+
+    First, one stopped by SIGTERM once its ranks run (a held-out sitting's deadline): exit 143 and one line, its
+    ranks ended, the shaping put back, nothing stored and its working folder gone (it was left behind before)."""
     name = make_cluster(2, "--bw", "100mbit")
     out = tmp_path / "profiles"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "calibrate", "--name", name, "--bw", "none",
+                             "--sizes", "1mb,16mb,128mb", "--reps", "50", "--out", str(out)],
+                            env={**cli_env, "TMPDIR": str(tmp)}, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_for(lambda: len(list(tmp.glob("testbed-calibrate-*/logs/rank*.log"))) == 2, 120, "both ranks started")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted (SIGTERM)" in one_line(err) and "shaping put back" in err
+    assert list(tmp.iterdir()) == [] and not out.exists()
+    assert not any(pids_in_netns(f"tb-{name}-h{i}") for i in range(2))
+    status = json.loads(testbed_cli("status", "--name", name, "--json").stdout)
+    assert all(h["links"]["upload"]["rate_bps"] == 100_000_000 for h in status["hosts"])
     # unshaped, 4 MB moves in a few ms, within a loaded machine's noise: the fit refused ("time does not grow with
     # message size") at 256kb..4mb, and once at 1mb..32mb in a full suite (2026-12-04); sizes up to 128 MB (a few
     # hundred ms unshaped, well above a loaded machine's tens of ms of noise, 8x the next size), one rep: each rep of
     # the contention probe at 128 MB costs seconds of CPU on both ranks, and the suite must fit beside a CPU hog
-    argv = ["calibrate", "--name", name, "--bw", "none", "--sizes", "1mb,16mb,128mb", "--reps", "1"]
+    argv = ["calibrate", "--name", name, "--bw", "none", "--sizes", "1mb,16mb,128mb", "--reps", "1", *PROBE]
     done = testbed_cli(*argv, "--out", str(out), "--json", timeout_s=240)
     assert done.returncode == 0, done.stderr
     unshaped = json.loads(done.stdout)

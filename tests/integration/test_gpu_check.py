@@ -40,10 +40,11 @@ def test_without_cuda_the_check_is_skipped_with_a_word(cli_env):
 @pytest.mark.timeout(600)  # a whole check in one process (trials, calibration, profile): > 300 s at 3x load
 def test_the_check_runs_end_to_end_on_cpu_with_gloo(cli_env, cluster_name, tmp_path):
     out = tmp_path / "res"
-    # one calibration rep: each rep of the calibration's contention probe is ~2 s of CNN compute per rank, size and
-    # collective; what the fit makes of more reps is test_calibrate's and bench/'s, here the stage has to run and store
+    # one calibration rep, and 0.5 s of CNN compute per contention measurement (2 s by default: per rank, rep, size and
+    # collective); what the fit makes of more is test_calibrate's and bench/'s, here the stage has to run and store
     done = _check(cli_env, *CPU, "--rates", "200mbit", "--name", cluster_name, "--out", str(out), "--timeline", "1",
-                  "--calibrate-sizes", "64kb,256kb,1mb", "--calibrate-reps", "1", timeout_s=540)  # fmt: skip
+                  "--calibrate-sizes", "64kb,256kb,1mb", "--calibrate-reps", "1", "--calibrate-probe-s", "0.5",
+                  timeout_s=540)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     trials, model = done.stdout.split("## Performance model on this cluster")
     trials, timelines = trials.split("| rate | compressor | rank | iteration |")

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import pytest
+
 from runners import catalog
-from runners.contract import TRAINING_DEFAULTS, RankArgs
+from runners.contract import DEFAULT_PROBE_S, TRAINING_DEFAULTS, CollBenchArgs, ContractError, RankArgs
 from testbed import perfmodel as pm
 from testbed.config import Trial
 
@@ -51,3 +53,13 @@ def test_unshaped_is_said_and_read_in_one_place():
     assert is_unshaped("none") and is_unshaped(" Unshaped ") and not is_unshaped("0") and not is_unshaped(None)
     assert rate_or_unshaped(None) == rate_or_unshaped(0) == "unshaped"
     assert rate_or_unshaped(1e9) == "1gbit" and rate_or_unshaped(1.234e9, 3) == "1.23gbit"
+
+
+def test_collbench_args_carry_the_probe_length():
+    """`testbed calibrate --probe-s` reaches the ranks; out of range is refused by the rank as by the controller."""
+    args = CollBenchArgs("out.json", (1024, 4096), probe_s=0.5)
+    assert CollBenchArgs.from_argv(args.to_argv()) == args
+    assert CollBenchArgs("out.json", (1024, 4096)).probe_s == DEFAULT_PROBE_S
+    for bad in ("0", "-1", "nan", "61"):
+        with pytest.raises(ContractError, match="--probe-s"):
+            CollBenchArgs.from_argv([*args.to_argv()[:-2], "--probe-s", bad])
