@@ -6,7 +6,9 @@
 #   bench/holdout_sitting.sh SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [-- BENCH_ARGS...]
 #
 # - unpacks the seed's stored progress (from --store, default bench/holdout_runs) into DIR/seed<SEED> (default DIR:
-#   /var/tmp/gc-holdout) unless it is there;
+#   /var/tmp/gc-holdout) unless it is there; a folder that is there must be the one the archive was packed from (its
+#   stamp, DIR/seed<SEED>/packed, written at each packing, is the archive's), else the sitting is refused: an archive
+#   committed from another machine's sitting would otherwise lose to an older folder here;
 # - runs the bench from a clone of this repository at the commit the model was frozen at (the plan's, or HEAD for a
 #   seed's first sitting), with PYTHONPATH set to the clone: the frozen model, not the checkout's, is what is judged;
 # - after MINUTES sends SIGINT to the bench's process group (the trial in flight is lost, its cluster taken down);
@@ -47,6 +49,10 @@ fi
 if [ ! -d "$WORK" ] && [ -f "$ARCHIVE" ]; then
   mkdir -p "$DIR"
   tar -xJf "$ARCHIVE" -C "$DIR"
+elif [ -d "$WORK" ] && [ -s "$ARCHIVE" ]; then  # both: the folder here must be the archive's (or ahead of it)
+  STORED=$(tar -xJOf "$ARCHIVE" "seed$SEED/packed" 2>/dev/null || true)
+  HERE=$(cat "$WORK/packed" 2>/dev/null || true)
+  [ "$STORED" = "$HERE" ] || die "$WORK (packed ${HERE:-never}) is not what $ARCHIVE holds (packed ${STORED:-before stamps}); move $WORK aside to resume from the archive"
 fi
 if [ $# -eq 0 ]; then mapfile -t ARGS < "$WORK/sitting-args"; else ARGS=("$@"); fi
 if [ -f "$WORK/holdout.json" ]; then
@@ -75,6 +81,7 @@ wait "$BENCH" || rc=$?
 while kill -0 "$BENCH" 2>/dev/null; do wait "$BENCH" || rc=$?; done  # a trapped signal ends the first wait early
 
 mkdir -p "$(dirname "$ARCHIVE")"
+echo "$(date -u +%FT%TZ) $(hostname) $$" > "$WORK/packed"  # which packing this folder and the archive are
 tar -cJf "$ARCHIVE.part" -C "$DIR" "seed$SEED" && mv "$ARCHIVE.part" "$ARCHIVE"
 LINE=$(grep -h "^{\"seed\": $SEED," "$CLONE/bench/holdout_results.jsonl" 2>/dev/null || true)
 if [ "$rc" -eq 0 ] && [ -n "$LINE" ] && ! grep -qs "^{\"seed\": $SEED," "$LEDGER"; then

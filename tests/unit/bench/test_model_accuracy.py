@@ -5,6 +5,7 @@ itself runs for hours on a quiet machine; these are its pure functions, over pla
 import importlib.util
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -254,6 +255,24 @@ def test_a_sitting_resumes_a_stored_seed_from_a_clone_at_its_commit_and_stores_i
     assert f"seed{seed}/holdout.json" in names and f"seed{seed}/config1.md" not in names  # nothing to run: no log
     assert f"seed{seed}/config1/report/prediction_error.csv" in names
     assert not (REPO / "bench" / "holdout_runs" / f"seed{seed}.tar.xz").exists()
+    # packed with a stamp, the folder's own: the next sitting here resumes from the folder
+    stamp = (tmp_path / "d" / f"seed{seed}" / "packed").read_text()
+    with tarfile.open(tmp_path / "s" / f"seed{seed}.tar.xz") as tar:
+        assert tar.extractfile(f"seed{seed}/packed").read().decode() == stamp
+    # an archive packed elsewhere (another machine's sitting, committed since) does not lose to the older folder here:
+    # the sitting is refused, one line, and neither is touched
+    elsewhere = tmp_path / "elsewhere" / f"seed{seed}"
+    shutil.copytree(tmp_path / "d" / f"seed{seed}", elsewhere)
+    (elsewhere / "packed").write_text("2026-12-06T10:00:00Z otherhost 1\n")
+    with tarfile.open(tmp_path / "s" / f"seed{seed}.tar.xz", "w:xz") as tar:
+        tar.add(elsewhere, arcname=f"seed{seed}")
+    before = (tmp_path / "s" / f"seed{seed}.tar.xz").read_bytes()
+    done = sitting(str(seed), "5", "--dir", str(tmp_path / "d"), "--store", str(tmp_path / "s"), "--ledger",
+                   str(ledger))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "otherhost" in done.stderr and "move" in done.stderr
+    assert (tmp_path / "s" / f"seed{seed}.tar.xz").read_bytes() == before
+    assert (tmp_path / "d" / f"seed{seed}" / "packed").read_text() == stamp
 
 
 def test_a_fast_co_located_profile_is_launched_again_until_its_steps_last_the_time(tmp_path, monkeypatch):
