@@ -55,7 +55,10 @@ The model (docs/performance-model.md has the derivation and where it breaks):
    (`comm_rel_spread`, the collectives' fit residual): half-width sqrt((r_p (compute + codec))^2 + (r_c exposed)^2).
    A measured floor is shown beside the composition (`floor_s`) and decides only when it lies above the
    composition's interval (then `bound_by` is "floor" and `floor_note` says by how much the composition fell short);
-   inside the interval the composition stands and the interval reaches up to the floor.
+   inside the interval the composition stands and the interval reaches up to the floor. The floor has an interval of
+   its own, from its spread (`CompressorProfile.floor_spread_s`, half its range over the launches pooled into the
+   profile: one launch's floor moved 66-81 ms on a fast co-located configuration, see docs/performance-model.md): it
+   decides only when that interval lies above the composition's, and the prediction's interval reaches its top.
 """
 
 from __future__ import annotations
@@ -251,15 +254,18 @@ def _decide(profile: Profile, compressor: str, net: Network, blocks: bool, c: Co
         "floor": 0.0,
     }
     half = math.hypot(profile.relative_spread * (compute + codec), max(0.0, comm_rel_spread) * exposed)
+    # the floor's own uncertainty: how far it moved between the launches pooled into the profile; the floor decides
+    # only when its interval lies above the composition's
+    floor_half = profile.compressor(compressor).floor_spread_s or 0.0
     iter_s, note = composed, ""
-    if floor is not None and floor > composed + half:
+    if floor is not None and floor - floor_half > composed + half:
         iter_s = floor
         parts["floor"] = floor - composed
         note = (f"the floor measured in place ({floor * 1e3:.0f} ms) decides: the composition ({composed * 1e3:.0f} "
                 f"ms, +-{half * 1e3:.0f} ms) falls {(floor - composed) * 1e3:.0f} ms short: what the medians leave out "
                 "when ranks time-share cores (a peer's codec in this rank's step, waits at the collectives)")  # fmt: skip
     bound = "floor" if parts["floor"] > 0 else max(parts, key=lambda k: parts[k])
-    high = iter_s + half if floor is None else max(iter_s + half, floor)
+    high = iter_s + half if floor is None else max(iter_s + half, floor + floor_half)
     return Prediction(
         compressor,
         net.world_size,

@@ -57,6 +57,9 @@ class CompressorProfile:
     lockstep_comm_s: float | None = None
     # and the whole step it took there (the slowest rank's, median over steps), a floor for any link
     lockstep_step_s: float | None = None
+    # half the range of those floors over the repeated profiles pooled into this one (`pool_profiles`; the larger of
+    # the two floors' half-ranges): how far one launch's floor moves from the next (None: one measurement)
+    floor_spread_s: float | None = None
 
     @property
     def payload_bytes(self) -> int:
@@ -190,11 +193,12 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             missing = {b.index for b in buckets} - {b.index for b in cb}
             if missing:
                 raise InputError(f"{where}: no entry for bucket(s) {sorted(missing)}; expected one per DDP bucket")
-            floor, step_floor = c.get("lockstep_comm_s"), c.get("lockstep_step_s")
+            floor, step_floor, spread = c.get("lockstep_comm_s"), c.get("lockstep_step_s"), c.get("floor_spread_s")
             comps[name] = CompressorProfile(name, collective, rounds, cb, dict(c.get("options") or {}),
                                             tuple(str(a) for a in c.get("assumed") or ()),
                                             None if floor is None else max(0.0, float(floor)),
-                                            None if step_floor is None else max(0.0, float(step_floor)))  # fmt: skip
+                                            None if step_floor is None else max(0.0, float(step_floor)),
+                                            None if spread is None else max(0.0, float(spread)))  # fmt: skip
         return Profile(
             model=str(_req(d, "model", source)),
             batch_size=int(_req(d, "batch_size", source)),
@@ -306,13 +310,24 @@ def pool_profiles(profiles: Sequence[Profile]) -> Profile:
     def med_or_none(values: Sequence[float | None]) -> float | None:
         return None if any(v is None for v in values) else med(values)
 
+    def floor_spread(name: str) -> float | None:
+        """The larger half-range of the compressor's two in-place floors over the profiles (None: one profile, or
+        neither floor measured in all of them)."""
+        if len(profiles) == 1:
+            return first.compressors[name].floor_spread_s
+        halves = [(max(v) - min(v)) / 2 for v in ([p.compressors[name].lockstep_comm_s for p in profiles],
+                                                   [p.compressors[name].lockstep_step_s for p in profiles])
+                  if None not in v]  # fmt: skip
+        return max(halves) if halves else None
+
     comps = {
         name: replace(c, buckets=tuple(
             replace(b, encode_s=med(p.compressors[name].buckets[i].encode_s for p in profiles),
                     decode_s=med(p.compressors[name].buckets[i].decode_s for p in profiles))
             for i, b in enumerate(c.buckets)),
             lockstep_comm_s=med_or_none([p.compressors[name].lockstep_comm_s for p in profiles]),
-            lockstep_step_s=med_or_none([p.compressors[name].lockstep_step_s for p in profiles]))  # fmt: skip
+            lockstep_step_s=med_or_none([p.compressors[name].lockstep_step_s for p in profiles]),
+            floor_spread_s=floor_spread(name))  # fmt: skip
         for name, c in first.compressors.items()
     }
     return replace(
@@ -367,6 +382,7 @@ def profile_to_dict(profile: Profile) -> dict:
                 **({"assumed": list(c.assumed)} if c.assumed else {}),
                 **({} if c.lockstep_comm_s is None else {"lockstep_comm_s": c.lockstep_comm_s}),
                 **({} if c.lockstep_step_s is None else {"lockstep_step_s": c.lockstep_step_s}),
+                **({} if c.floor_spread_s is None else {"floor_spread_s": c.floor_spread_s}),
             }
             for n, c in profile.compressors.items()
         },

@@ -45,7 +45,7 @@ def without_lockstep_floors(profile: Profile) -> Profile:
     `lockstep_step_s`): what ranks time-sharing this machine's cores exposed and took bounds a prediction for this
     machine only, not one with faster compute or codecs (part of the exposed communication there is waiting for a
     peer's compute or codec)."""
-    comps = {n: replace(c, lockstep_comm_s=None, lockstep_step_s=None) for n, c in profile.compressors.items()}
+    comps = {n: replace(c, lockstep_comm_s=None, lockstep_step_s=None, floor_spread_s=None) for n, c in profile.compressors.items()}
     return replace(profile, compressors=comps)
 
 

@@ -13,7 +13,9 @@ from testbed.perfmodel import (
     pool_profiles,
     predict_iteration,
     profile_from_dict,
+    profile_to_dict,
     synthetic_profile_dict,
+    with_compute_speedup,
 )
 from testbed.report.analysis import interval_verdict
 
@@ -85,6 +87,43 @@ def test_pooled_repeats_give_the_profiles_spread():
     pooled = pool_profiles([profile_from_dict(d), profile_from_dict(slower)])
     assert pooled.compute_spread_s == pytest.approx(d["forward_s"] * 0.1)
     assert pooled.relative_spread > 0
+
+
+def test_a_floors_launch_to_launch_spread_widens_the_interval():
+    """Seed 2 of issue 32: fp16's in-place floor on cnn bs16, 4 ranks on 2 cores, moved 66-81 ms from one profile
+    launch to the next; the interval said +-0.5 ms. Pooled launches now carry the floor's half-range: the interval
+    reaches the floor plus it, and the floor decides only when the floor minus it lies above the composition's
+    interval."""
+    net = Network(4, 1e15)  # the rate the floors were measured at: the link adds nothing to them
+    composed = predict_iteration(profile(colocated_ranks=4), "fp16", net).iter_time_s
+
+    def launch(step_floor_s):
+        d = synthetic_profile_dict()
+        d["colocated_ranks"] = 4
+        d["compressors"]["fp16"]["lockstep_step_s"] = step_floor_s
+        return profile_from_dict(d)
+
+    low, mid, high = (launch(composed * k) for k in (1.3, 1.4, 1.6))
+    pooled = pool_profiles([low, mid, high])
+    assert pooled.compressors["fp16"].floor_spread_s == pytest.approx(composed * 0.15)
+    assert pooled.compressors["syncsgd"].floor_spread_s is None  # no floor measured for it
+    assert profile_from_dict(profile_to_dict(pooled)) == pooled
+    one = predict_iteration(pool_profiles([mid]), "fp16", net)
+    three = predict_iteration(pooled, "fp16", net)
+    assert one.bound_by == three.bound_by == "floor" and one.iter_time_s == pytest.approx(three.iter_time_s)
+    assert three.high_s == pytest.approx(composed * (1.4 + 0.15), rel=1e-3) and three.high_s > one.high_s
+    # launches so far apart that the floor's interval reaches into the composition's: the composition stands, and
+    # the interval reaches the floor's top (the same floor from one launch decides)
+    wide = predict_iteration(pool_profiles([launch(composed * k) for k in (1.1, 1.5, 3.0)]), "fp16", net)
+    assert wide.bound_by != "floor" and wide.iter_time_s == pytest.approx(composed) and not wide.floor_note
+    assert wide.high_s == pytest.approx(composed * (1.5 + 0.95), rel=1e-3)
+    assert predict_iteration(pool_profiles([launch(composed * 1.5)]), "fp16", net).bound_by == "floor"
+    # a floor inside the composition's interval: the composition stands, the top reaches the floor's spread
+    near = pool_profiles([launch(composed * 0.9), launch(composed * 1.1)])
+    pred = predict_iteration(near, "fp16", net)
+    assert pred.bound_by != "floor" and pred.high_s >= composed * 1.1 - 1e-9
+    # what-if speedups drop the floors and their spread with them
+    assert with_compute_speedup(pooled, 2.0).compressors["fp16"].floor_spread_s is None
 
 
 def test_extrapolated_rates():
