@@ -1,0 +1,93 @@
+"""Score a held-out seed's stored trials again, with this checkout's model and a chosen subset of its profile launches.
+
+A seed is scored once, by the model it was frozen at (`bench/model_accuracy.py --seed-table`); that is its result.
+This tool is for what comes after: finding out why a configuration missed (which profile launch moved it) and what a
+change would have done on trials already measured. Figures from it are tuning data, never a held-out result (a fix is
+judged on a new seed; docs/performance-model.md, "Held-out validation").
+
+    python bench/rescore_seed.py DIR                       # every finished configuration, every launch pooled
+    python bench/rescore_seed.py DIR --launches '*-rep2*'  # only the second repetition's profile launches
+    python bench/rescore_seed.py DIR --configs 7 --rows    # one configuration, every setting
+
+DIR is a seed's --out folder (e.g. unpacked from bench/holdout_runs/seed<SEED>.tar.xz). With PYTHONPATH set to a
+clone at another commit (the seed's frozen one: `git clone . /tmp/c && git -C /tmp/c checkout COMMIT`), that model
+scores them instead. The predictions are the report's (`testbed report --overlap-hooks`, as the bench runs it), over the trials' medians, with the calibrations
+stored beside the profiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # after PYTHONPATH: `PYTHONPATH=CLONE` scores with a clone's model (the frozen one)
+
+
+def config_dirs(seed_dir: Path, wanted: set[int] | None) -> list[Path]:
+    """The finished configurations' folders (their report written), in order."""
+    found = [d for d in seed_dir.glob("config*") if d.is_dir() and d.name[6:].isdigit()]
+    return [d for d in sorted(found, key=lambda d: int(d.name[6:]))
+            if (d / "report" / "prediction_error.csv").is_file() and (wanted is None or int(d.name[6:]) in wanted)]  # fmt: skip
+
+
+def rescore(config: Path, launches: str):
+    """The report's prediction errors for one configuration, its profiles pooled over the launch folders that match
+    `launches` (None when none matches)."""
+    from testbed import perfmodel as pm
+    from testbed.report import load_results_dir
+    from testbed.report.analysis import aggregate, check_results
+    from testbed.report.predicted import ModelSettings, prediction_errors
+
+    groups: dict[tuple, list] = {}
+    for d in sorted((config / "profiles").glob(launches)):
+        for p in pm.find_profiles(d):
+            groups.setdefault((p.model, p.batch_size, p.colocated_ranks), []).append(p)
+    if not groups:
+        return None
+    pooled = [pm.pool_profiles(g) for g in groups.values()]
+    ok, _, _ = check_results(load_results_dir(config / "results"))
+    settings = ModelSettings(None, None, False, tuple(pm.find_calibrations(config / "profiles")))
+    return prediction_errors(aggregate(ok), pooled, settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("seed_dir", type=Path, help="a seed's --out folder")
+    ap.add_argument("--launches", default="*hosts-rep*",
+                    help="glob of the profile launch folders to pool (default: every one, as the bench does)")  # fmt: skip
+    ap.add_argument("--configs", default="", help="comma-separated configuration numbers (default: every finished one)")
+    ap.add_argument("--rows", action="store_true", help="print every setting's measured and predicted time")
+    args = ap.parse_args(argv)
+    try:
+        wanted = {int(x) for x in args.configs.split(",") if x.strip()} or None
+    except ValueError:
+        print(f"rescore_seed.py: --configs {args.configs!r}: expected comma-separated integers", file=sys.stderr)
+        return 2
+    configs = config_dirs(args.seed_dir, wanted)
+    if not configs:
+        print(f"rescore_seed.py: {args.seed_dir}: no finished configuration (config<N>/report/prediction_error.csv); "
+              "expected a seed's --out folder", file=sys.stderr)  # fmt: skip
+        return 2
+    every: list[float] = []
+    for config in configs:
+        errors = rescore(config, args.launches)
+        if errors is None:
+            print(f"{config.name}: no profile launch matches {args.launches!r}")
+            continue
+        err = errors["error_pct"].abs()
+        every += list(err)
+        print(f"{config.name}: {len(err)} predictions, median |error| {err.median():.1f} %, worst {err.max():.1f} %")
+        if args.rows:
+            cols = ["bandwidth", "compressor", "measured_ms", "predicted_ms", "error_pct", "bound_by"]
+            print(errors[cols].round(1).to_string(index=False))
+    if every:
+        print(f"all: {len(every)} predictions, median |error| {statistics.median(every):.1f} %, worst {max(every):.1f} %,"
+              f" {sum(e > 15 for e in every)} over 15 %")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
