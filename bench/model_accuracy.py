@@ -104,18 +104,25 @@ def md(df: pd.DataFrame) -> str:
     return md_table(df)
 
 
+def launch_profiles(rep_dirs: list[Path]) -> dict[tuple, list]:
+    """The profiles in the launch folders, grouped by (model, batch, co-located ranks), in the order of `rep_dirs`."""
+    from testbed import perfmodel as pm
+
+    runs: dict[tuple, list] = {}
+    for d in rep_dirs:
+        for prof in pm.find_profiles(d):
+            runs.setdefault((prof.model, prof.batch_size, prof.colocated_ranks), []).append(prof)
+    return runs
+
+
 def pool_repeats(rep_dirs: list[Path], out: Path) -> str:
     """Pool each model's profiles from the repetitions' launches (median of every timing) into `out`; a Markdown
     table of forward + backward per launch (in the order of `rep_dirs`), the machine's drift over the run."""
     from testbed import perfmodel as pm
     from testbed.modelling import save_profile
 
-    runs: dict[tuple, list] = {}
-    for d in rep_dirs:
-        for prof in pm.find_profiles(d):
-            runs.setdefault((prof.model, prof.batch_size, prof.colocated_ranks), []).append(prof)
     rows = []
-    for (model, bs, colocated), profs in sorted(runs.items()):
+    for (model, bs, colocated), profs in sorted(launch_profiles(rep_dirs).items()):
         pooled = pm.pool_profiles(profs)
         save_profile(pooled, out)
         rows.append({"model": model, "batch": bs, "co-located ranks": colocated,

@@ -36,15 +36,14 @@ def config_dirs(seed_dir: Path, wanted: set[int] | None) -> list[Path]:
 def rescore(config: Path, launches: str):
     """The report's prediction errors for one configuration, its profiles pooled over the launch folders that match
     `launches` (None when none matches)."""
+    from model_accuracy import launch_profiles  # bench/ is this script's folder: first on sys.path
+
     from testbed import perfmodel as pm
     from testbed.report import load_results_dir
     from testbed.report.analysis import aggregate, check_results
     from testbed.report.predicted import ModelSettings, prediction_errors
 
-    groups: dict[tuple, list] = {}
-    for d in sorted((config / "profiles").glob(launches)):
-        for p in pm.find_profiles(d):
-            groups.setdefault((p.model, p.batch_size, p.colocated_ranks), []).append(p)
+    groups = launch_profiles(sorted((config / "profiles").glob(launches)))
     if not groups:
         return None
     pooled = [pm.pool_profiles(g) for g in groups.values()]
