@@ -51,6 +51,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,12 +77,18 @@ QUICK = {"models": "resnet18", "hosts": "2", "bw": "200mbit,1gbit,5gbit,none", "
 def run_through_ctrl_c(argv: list[str], timeout_s: float | None = None, **kw) -> subprocess.CompletedProcess:
     """subprocess.run, except that Ctrl-C waits for the child before it is raised: the child got the same SIGINT
     (one process group) and stops by itself, undoing what it set up (its shaping, its cluster). subprocess.run
-    would SIGKILL it, and a calibration killed so leaves its links shaped."""
+    would SIGKILL it, and a calibration killed so leaves its links shaped. A further SIGINT while the child stops is
+    ignored here (the child gets it too, and decides): at a sitting's deadline `timeout` sends one to the bench and
+    then one to its whole group, and the second would otherwise cut this wait short."""
     with subprocess.Popen(argv, text=True, **kw) as proc:
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except KeyboardInterrupt:
-            proc.communicate()
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                proc.communicate()
+            finally:
+                signal.signal(signal.SIGINT, previous)
             raise
         except subprocess.TimeoutExpired:
             proc.kill()
@@ -755,5 +762,16 @@ def main() -> int:
     return 0
 
 
+def exit_on_ctrl_c(run) -> int:
+    """`run()`'s exit code, or, stopped by Ctrl-C (or a sitting's deadline), one line and 130: what is stored is
+    kept, its children have stopped (run_through_ctrl_c waited for them) and the same command resumes."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        print("interrupted (SIGINT): the trial in flight is lost and its cluster taken down; what is stored is kept, "
+              "and the same command resumes", file=sys.stderr)  # fmt: skip
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_on_ctrl_c(main))

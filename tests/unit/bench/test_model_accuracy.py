@@ -5,7 +5,9 @@ itself runs for hours on a quiet machine; these are its pure functions, over pla
 import importlib.util
 import json
 import math
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from testbed.results import ResultsStore
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("model_accuracy", REPO / "bench" / "model_accuracy.py")
@@ -339,3 +342,60 @@ def test_rescore_scores_a_stored_configuration_per_launch_subset(tmp_path):
 def test_rescore_bad_input_is_one_line_and_exit_2(args, named, tmp_path):
     done = rescore(*[a.format(d=tmp_path) for a in args])
     assert done.returncode == 2 and named in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# a child that, on SIGINT, says so and then undoes its work only when told (through a FIFO), as a calibration that is
+# taking its shaping down; a later SIGINT it ignores
+_CHILD = """
+import pathlib, signal, sys
+ready, stopping, go, undone = map(pathlib.Path, sys.argv[1:])
+def stop(*_):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopping.touch()
+    go.read_text()
+    undone.touch()
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+ready.touch()
+while True:
+    signal.pause()
+"""
+# the bench's entry point around one child, as `--holdout` runs a configuration
+_BENCH = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("model_accuracy", sys.argv[1])
+ma = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ma)
+sys.exit(ma.exit_on_ctrl_c(lambda: ma.run_through_ctrl_c([sys.executable, "-c", sys.argv[2], *sys.argv[3:]]).returncode))
+"""
+
+
+def _ignores_sigint(pid: int) -> bool:
+    ignored = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigIgn:"))
+    return bool(int(ignored.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
+def test_a_sittings_deadline_waits_for_the_child_through_both_sigints_and_ends_in_one_line(tmp_path):
+    """At a sitting's deadline `timeout -s INT` signals the bench and then its whole group. The bench must wait for
+    its child to undo what it made, a second SIGINT must not cut that wait short, and it ends with one line and 130,
+    not a traceback (seed 3's first sitting ended in one)."""
+    ready, stopping, go, undone = (tmp_path / n for n in ("ready", "stopping", "go", "undone"))
+    os.mkfifo(go)
+    bench = subprocess.Popen([sys.executable, "-c", _BENCH, str(REPO / "bench" / "model_accuracy.py"), _CHILD,
+                              str(ready), str(stopping), str(go), str(undone)],
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        wait_for(lambda: ready.exists() or bench.poll() is not None, 60, "the child to start")
+        assert bench.poll() is None, bench.communicate()[1]
+        os.killpg(bench.pid, signal.SIGINT)
+        wait_for(lambda: stopping.exists() and _ignores_sigint(bench.pid), 60, "the bench to wait for the child")
+        os.killpg(bench.pid, signal.SIGINT)  # the second one, while the child is still undoing its work
+        go.write_text("go")
+        _, err = bench.communicate(timeout=60)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+            bench.wait()
+    assert undone.exists()  # the bench ended after its child had finished undoing
+    assert bench.returncode == 130
+    assert err.strip().splitlines() == [err.strip()] and err.startswith("interrupted (SIGINT)") and "resumes" in err
