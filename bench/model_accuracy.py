@@ -30,7 +30,8 @@ another commit, seed or setting is refused. What is stored is kept: a finished c
 calibrations, each repetition's profiles and every trial (the sweep skips stored trials).
 
     python bench/model_accuracy.py --holdout 7 --configs 8 --repeats 2 --dry-run
-    python bench/model_accuracy.py --seed-table /path/to/out   # a seed's scores so far, per configuration
+    python bench/model_accuracy.py --seed-table /path/to/out   # a seed's scores so far, per configuration, and
+                                                               # where an unfinished one stands
 
 Each configuration's score stands beside the measurement's own noise: how far its two launches lie apart, how far a
 trial's median step would move were its steps drawn again (a bootstrap), and the error a model that knew each
@@ -429,6 +430,25 @@ def config_done(out: Path) -> bool:
     return (out / "report" / "prediction_error.csv").is_file()
 
 
+def config_progress(out: Path, config: dict, repeats: int) -> str:
+    """Where an unfinished configuration stands, from what its sittings stored: its calibrations, profile launches
+    and ok trials against the plan's (a sitting's deadline ends anywhere; the next one resumes from here)."""
+    from testbed import perfmodel as pm
+    from testbed.results import ResultsStore, load_results
+
+    if not out.is_dir():
+        return "not run yet"
+    profiles = out / "profiles"
+    calibrations = len(list(profiles.glob("calibration-*.json")))
+    launches = sum(1 for d in profiles.glob("*hosts-rep*") if d.is_dir() and pm.find_profiles(d))
+    trials = 0
+    if any(ResultsStore(out / "results").rows_dir.glob("*.parquet")):
+        trials = int((load_results(out / "results")["status"] == "ok").sum())
+    planned = repeats * len(config["compressors"]) * len(config["bw"])
+    return (f"started: {trials} of {planned} trials, calibrations at {calibrations} of {len(config['bw'])} rates, "
+            f"{launches} profile launch{'es' * (launches != 1)}")
+
+
 def config_score(out: Path) -> dict | None:
     """A finished configuration's scores (None: not finished): the model's |error| per prediction, the crossover
     verdicts' kinds, the measurement's own noise (`noise`), the profiles' (`profile_spread_pct`), and per prediction
@@ -489,7 +509,10 @@ def seed_table(work: Path, scores: list[dict | None] | None = None) -> str:
 
     rows = []
     for i, (c, score) in enumerate(zip(plan["configs"], scores, strict=True)):
-        more = cells(score) if score is not None else {"model: median": "not run yet"}
+        if score is None:
+            more = {"model: median": config_progress(work / f"config{i + 1}", c, plan["repeats"])}
+        else:
+            more = cells(score)
         rows.append({"#": i + 1, "configuration": describe_config(c), **more})
     done = [sc for sc in scores if sc is not None]
     pooled = pool_scores(done)
@@ -654,7 +677,8 @@ def main() -> int:
                     help="with --holdout: also run issue 32's 3-host resnet18 bs16 configuration")
     ap.add_argument("--dry-run", action="store_true", help="with --holdout: print the draw and the wall time only")
     ap.add_argument("--seed-table", metavar="OUT", help="print a held-out seed's scores per configuration, finished or "
-                    "not, from its --out folder (measures nothing)")
+                    "not (then its stored trials, calibrations and profile launches), from its --out folder (measures "
+                    "nothing)")
     ap.add_argument("--max-config-min", type=float, default=120, help="with --holdout: leave out (and draw again) a "
                     "configuration estimated to take longer than this many minutes, or whose ranks need more than 80 %% "
                     "of this machine's memory (default 120; 0: no time limit)")  # fmt: skip

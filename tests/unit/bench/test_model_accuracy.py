@@ -155,7 +155,10 @@ def finished_config(out: Path, errors: str, verdicts: list[str]) -> None:
 
 
 def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp_path):
-    plan = {"seed": 9, "configs": [FAST, ISSUE], "commit": "abc123", "iters": 6, "repeats": 2, "min_measured_s": 8.0}
+    from testbed.perfmodel.synthetic import synthetic_profile_dict
+
+    plan = {"seed": 9, "configs": [FAST, ISSUE, BERT], "commit": "abc123", "iters": 6, "repeats": 2,
+            "min_measured_s": 8.0}  # fmt: skip
     (tmp_path / "holdout.json").write_text(json.dumps(plan))
     finished_config(tmp_path / "config1", "syncsgd,unshaped,compute,-2.0\ntopk,unshaped,floor,4.0\n"
                     "syncsgd,100mbit,floor,-30.0\n", ["agrees: never", "undecided: too wide", "agrees"])
@@ -170,6 +173,23 @@ def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp
     row1 = next(line for line in table.splitlines() if line.startswith("| 1 |"))
     assert "| 3 | 4.0 % | 30.0 % | 20.0 % |" in row1 and "| 9.1 % | 9.1 % | 2 agrees, 1 undecided |" in row1
     assert "not run yet" in next(line for line in table.splitlines() if line.startswith("| 2 |"))
+    # a sitting's deadline ended configuration 2 after one calibration, one profile launch and one ok trial (a second
+    # one was interrupted): the table says where it stands, against its plan (2 x 3 compressors x 3 rates)
+    started = tmp_path / "config2"
+    (started / "profiles" / "3hosts-rep1").mkdir(parents=True)
+    (started / "profiles" / "3hosts-rep1-launch2").mkdir()  # made, its profile not yet stored: not counted
+    (started / "profiles" / "calibration-bmodel-gloo-p3-100mbit.json").write_text("{}")
+    prof = synthetic_profile_dict("resnet18", 16, forward_s=0.1, backward_s=0.2)
+    (started / "profiles" / "3hosts-rep1" / "resnet18-bs16-cpu-colocated3.json").write_text(json.dumps(prof))
+    store = ResultsStore(started / "results")
+    store_trial(store, "d" * 16, "syncsgd", 1.0, [[1.0] * 6])
+    store.append({"trial_id": "e" * 16, "status": "interrupted", "model": "cnn", "batch_size": 8, "world_size": 2,
+                  "compressor": "topk", "compressor_options": "{}", "rate_bps": 0})  # fmt: skip
+    rows = ma.seed_table(tmp_path).splitlines()
+    assert ("started: 1 of 18 trials, calibrations at 1 of 3 rates, 1 profile launch |"
+            in next(line for line in rows if line.startswith("| 2 |")))  # fmt: skip
+    assert "not run yet" in next(line for line in rows if line.startswith("| 3 |"))
+    assert next(line for line in rows if line.startswith("| all |")).count("4.0 %") == 1  # finished ones only
     assert next(line for line in table.splitlines() if line.startswith("| all |")).count("4.0 %") == 1
     # the misses against each setting's own launches: sync SGD unshaped ran twice, 9.1 % apart: none agrees within 5 %
     assert score["settings"] == [(2.0, "compute", pytest.approx(0.1 / 1.1 * 100)), (4.0, "floor", None),
