@@ -380,9 +380,12 @@ ready.touch()
 while True:
     signal.pause()
 """
-# the bench's entry point around one child, as `--holdout` runs a configuration
+# the bench's entry point around one child, as `--holdout` runs a configuration. Started by timeout(1) or as a shell's
+# foreground job it has Python's SIGINT handler; a suite started in the background (`make test &` in a script) hands
+# its processes SIGINT ignored, so the handler is set here
 _BENCH = """
-import importlib.util, sys
+import importlib.util, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 spec = importlib.util.spec_from_file_location("model_accuracy", sys.argv[1])
 ma = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ma)
