@@ -114,14 +114,14 @@ def build_racks(ipr_spine, record: dict[str, Any], mark: str) -> None:
     spine_br = ipr_spine.link_lookup(ifname="br0")[0]
     for j, ns in enumerate(record["racks"]["namespaces"]):
         create_namespace(ns)
-        with IPRoute(netns=ns) as ipr:
+        with IPRoute(netns=ns, flags=0) as ipr:
             ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
             ipr.link("add", ifname="br0", kind="bridge")
             ipr.link("set", index=ipr.link_lookup(ifname="br0")[0], state="up")
         ipr_spine.link("add", ifname=f"r{j}", kind="veth", peer={"ifname": UPLINK_IFACE, "net_ns_fd": ns})
         port = ipr_spine.link_lookup(ifname=f"r{j}")[0]
         ipr_spine.link("set", index=port, master=spine_br, state="up")
-        with IPRoute(netns=ns) as ipr:
+        with IPRoute(netns=ns, flags=0) as ipr:
             up = ipr.link_lookup(ifname=UPLINK_IFACE)[0]
             ipr.link("set", index=up, master=ipr.link_lookup(ifname="br0")[0], state="up")
 
@@ -166,7 +166,7 @@ def netem_available() -> bool:
     ok = False
     try:
         create_namespace(ns)  # a create that failed once under namespace churn must not read as "no netem"
-        with IPRoute(netns=ns) as ipr:
+        with IPRoute(netns=ns, flags=0) as ipr:
             ipr.link("add", ifname="nt0", kind="dummy")
             idx = ipr.link_lookup(ifname="nt0")[0]
             try:

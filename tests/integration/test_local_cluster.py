@@ -239,6 +239,23 @@ def test_status_all_reports_a_broken_cluster_beside_the_others(make_cluster, tes
     assert [h["name"] for h in data[fine]["hosts"]] == ["h0", "h1"]
 
 
+def test_asking_a_gone_namespace_for_its_mark_does_not_create_it(cluster_name):
+    """`testbed ls` and `down` list the namespaces, then ask each for its mark; one removed in between (by its own
+    cluster's `down`, or a test's cleanup) must stay gone. pyroute2's IPRoute(netns=...) creates a missing namespace
+    by default, and a full suite's listing once brought back a namespace another worker had just removed."""
+    from pyroute2 import netns
+
+    from testbed.cluster.local import namespace_mark
+
+    name = f"tb-{cluster_name}-gone"
+    try:
+        assert namespace_mark(name) is None  # as `ls` finds it, listed a moment ago and removed since
+        assert name not in netns.listnetns()
+    finally:
+        with contextlib.suppress(OSError):
+            netns.remove(name)
+
+
 def test_a_namespace_whose_first_create_failed_is_created_on_the_next_try(cluster_name):
     """pyroute2 creates /run/netns/NAME before it mounts the namespace there; when that mount fails (once in a full
     suite, under parallel namespace churn) the empty file stays and makes every later create of the name fail with
