@@ -17,7 +17,6 @@ import errno
 import hashlib
 import os
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 from pyroute2 import IPRoute, protocols
@@ -28,6 +27,7 @@ from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
 from shaping import classify, tc
 from shaping.errors import InputError, PermissionDenied, ShapingError
 from shaping.highrate import leaf_limit_bytes
+from shaping.netns_route import route_for
 from shaping.plan import CLASS_HANDLE, OWNED_MAJOR, LinkShape
 
 # bfifo takes the same options as pfifo (struct tc_fifo_qopt: one u32 limit, in bytes for bfifo); pyroute2 0.9 maps
@@ -48,22 +48,6 @@ def ifb_name(ifname: str) -> str:
     if len(name) <= IFNAMSIZ:
         return name
     return "ifb-" + hashlib.sha1(ifname.encode()).hexdigest()[:11]
-
-
-@contextlib.contextmanager
-def _ipr(netns: str | None) -> Iterator[IPRoute]:
-    if netns and not os.path.exists(f"/run/netns/{netns}"):  # pyroute2 would silently create it
-        raise InputError(f"network namespace {netns!r} does not exist")
-    try:
-        ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
-    except PermissionError:
-        raise PermissionDenied("ingress shaping needs root or CAP_NET_ADMIN") from None
-    except OSError as e:
-        raise InputError(f"network namespace {netns!r} does not exist ({e.strerror or e})") from None
-    try:
-        yield ipr
-    finally:
-        ipr.close()
 
 
 def _lookup(ipr: IPRoute, ifname: str) -> int | None:
@@ -197,7 +181,7 @@ def apply(
     from them (the rest is not redirected, so not shaped). Idempotent; rolled back on partial failure."""
     where = f"{netns}/{ifname}" if netns else ifname
     undo: list[tuple[str, Any]] = []
-    with _ipr(netns) as ipr:
+    with route_for(netns, "ingress shaping") as ipr:
         st = _state(ipr, ifname, netns)
         index = st["index"]
         foreign_q = st["qdisc"] == "clsact" or (st["qdisc"] == "ingress" and not st["our_filter"])
@@ -270,7 +254,7 @@ def _undo(ipr: IPRoute, undo: list[tuple[str, Any]]) -> None:
 def clear(ifname: str, *, netns: str | None = None) -> bool:
     """Remove the testbed's ingress redirect and ifb from `ifname`. Idempotent. True if anything changed."""
     changed = False
-    with _ipr(netns) as ipr:
+    with route_for(netns, "ingress shaping") as ipr:
         st = _state(ipr, ifname, netns)
         index = st["index"]
         try:
@@ -292,7 +276,7 @@ def clear(ifname: str, *, netns: str | None = None) -> bool:
 
 def show(ifname: str, *, netns: str | None = None) -> dict[str, Any]:
     """Ingress state of `ifname`: whether the testbed's redirect is active and the shaping read back from its ifb."""
-    with _ipr(netns) as ipr:
+    with route_for(netns, "ingress shaping") as ipr:
         st = _state(ipr, ifname, netns)
     active = st["our_filter"] and st["ifb_index"] is not None
     return {

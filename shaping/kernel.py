@@ -23,12 +23,13 @@ REQUIRED = ("htb", "tbf", "ifb", "ingress", "u32_mirred")  # what the testbed ca
 def probe() -> dict[str, bool]:
     """Runs inside a fresh, private network namespace (`check` starts it there): try each piece on a veth pair, with
     the handles the testbed uses (shaping.plan, shaping.ingress)."""
-    from pyroute2 import IPRoute, protocols
+    from pyroute2 import protocols
 
     from shaping import ingress  # noqa: F401 - registers the bfifo kind with pyroute2
+    from shaping.netns_route import open_route
 
     results: dict[str, bool] = {}
-    with IPRoute() as ipr:
+    with open_route(None) as ipr:  # this process's own namespace
         ipr.link("add", ifname="kc0", kind="veth", peer="kc1")
         idx = ipr.link_lookup(ifname="kc0")[0]
         for kind, kw in (("htb", {"default": 1}), ("tbf", {"rate": 1e6, "burst": 65536, "latency": 50000})):

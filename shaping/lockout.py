@@ -51,13 +51,13 @@ def _sshd_peer_addresses() -> list[str]:
 def management_interfaces(extra_addresses: list[str] = (), netns: str | None = None) -> dict[str, str]:
     """Interfaces whose shaping could cut off the controller: {ifname: why}. Routes each SSH client address (and
     `extra_addresses`) to its output device, then adds that device's lower devices (VLAN parent, bridge/bond ports)."""
-    from pyroute2 import IPRoute
+    from shaping.netns_route import open_route
 
     addresses = [(a, "SSH session from") for a in ssh_client_addresses()]
     addresses += [(a, "SSH session from") for a in _sshd_peer_addresses() if a not in ssh_client_addresses()]
     addresses += [(a, "--mgmt-addr") for a in extra_addresses]
     out: dict[str, str] = {}
-    with IPRoute(netns=netns, flags=0) if netns else IPRoute() as ipr:
+    with open_route(netns) as ipr:
         names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
         links = {link["index"]: link for link in ipr.get_links()}
         for addr, why in addresses:

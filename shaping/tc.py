@@ -13,7 +13,6 @@ import contextlib
 import errno
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 from shaping import classify
 from shaping.errors import InputError, PermissionDenied, ShapingError
 from shaping.files import atomic_write
+from shaping.netns_route import route_for
 from shaping.plan import (
     CLASS_HANDLE,
     NETEM_HANDLE,
@@ -58,21 +58,6 @@ def backup_dir(state_dir: str | Path | None = None) -> Path:
 
 def _backup_path(ifname: str, netns: str | None, state_dir: str | Path | None) -> Path:
     return backup_dir(state_dir) / f"{netns or '_root'}__{ifname}.json"
-
-
-@contextlib.contextmanager
-def _ipr(netns: str | None) -> Iterator[IPRoute]:
-    try:
-        # flags=0: never create the namespace (pyroute2's default O_CREAT would make an empty one for a wrong name)
-        ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
-    except PermissionError:
-        raise PermissionDenied("shaping needs root or CAP_NET_ADMIN") from None
-    except (FileNotFoundError, OSError) as e:
-        raise InputError(f"network namespace {netns!r} does not exist ({e.strerror or e})") from None
-    try:
-        yield ipr
-    finally:
-        ipr.close()
 
 
 def _index(ipr: IPRoute, ifname: str, netns: str | None) -> int:
@@ -247,7 +232,7 @@ def apply(
     replaced with `force` is saved under `backup_dir(state_dir)` for `clear` to put back. With `peers` (CIDRs) only
     traffic to them is shaped; the rest takes an unshaped default class (see shaping/classify.py)."""
     classify.check(shape.qdisc, peers)
-    with _ipr(netns) as ipr:
+    with route_for(netns, "shaping") as ipr:
         index = _index(ipr, ifname, netns)
         root = _root(ipr, index)
         owner = _ownership(root)
@@ -312,7 +297,7 @@ def _rollback(
 def clear(ifname: str, *, netns: str | None = None, state_dir: str | Path | None = None) -> bool:
     """Remove the testbed's root qdisc and restore what was there before (saved under `backup_dir(state_dir)`).
     Idempotent. True if anything changed."""
-    with _ipr(netns) as ipr:
+    with route_for(netns, "shaping") as ipr:
         index = _index(ipr, ifname, netns)
         root = _root(ipr, index)
         changed = False
@@ -334,7 +319,7 @@ def clear_offload_classifier(ifname: str, *, netns: str | None = None) -> bool:
     from shaping.highrate import SKBEDIT_PRIO
 
     ours = {SKBEDIT_PRIO, SKBEDIT_PRIO + 4, SKBEDIT_PRIO + 6}
-    with _ipr(netns) as ipr:
+    with route_for(netns, "shaping") as ipr:
         index = _index(ipr, ifname, netns)
         if not any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index)):
             return False
@@ -444,7 +429,7 @@ def _ticks_to_bytes(ticks: int, rate_bytes_s: float) -> int:
 
 def show(ifname: str, *, netns: str | None = None) -> dict[str, Any]:
     """Read back the root qdisc of `ifname`: kind, ownership, rate, burst, netem, and byte/drop counters."""
-    with _ipr(netns) as ipr:
+    with route_for(netns, "shaping") as ipr:
         index = _index(ipr, ifname, netns)
         root = _root(ipr, index)
         out: dict[str, Any] = {

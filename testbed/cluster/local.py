@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyroute2 import IPRoute, netns
+from pyroute2 import netns
 
 from shaping import tc
+from shaping.netns_route import open_route
 from shaping.plan import LinkShape
 from testbed.cluster import registry, topology
 from testbed.cluster.base import Cluster, Host, RankProcess, shared_cpu_threads
@@ -53,11 +54,11 @@ MARK_PREFIX = "testbed-cluster:"  # the alias of `lo` in every namespace the tes
 
 def namespace_mark(ns: str) -> str | None:
     """The cluster name a namespace was marked with by `up`, or None (a namespace the testbed did not make, even one
-    named like ours, e.g. someone's `tb-foo-vpn`). Opened without O_CREAT (`flags=0`, pyroute2's default creates a
-    namespace that is missing): a namespace listed a moment ago may be gone, removed by the `down` of its own cluster,
-    and a query must not bring it back (a full suite's `testbed ls` once did, leaving one behind)."""
+    named like ours, e.g. someone's `tb-foo-vpn`). Opened with `open_route`, which never creates a namespace: one
+    listed a moment ago may be gone, removed by the `down` of its own cluster, and a query must not bring it back (a
+    full suite's `testbed ls` once did, leaving one behind)."""
     try:
-        with IPRoute(netns=ns, flags=0) as ipr:
+        with open_route(ns) as ipr:
             lo = ipr.link_lookup(ifname="lo")
             alias = ipr.get_links(lo[0])[0].get_attr("IFLA_IFALIAS") if lo else None
     except Exception:  # noqa: BLE001 - gone meanwhile, or not enterable: not ours to touch either way
@@ -472,7 +473,7 @@ def _build(record: dict[str, Any], prefixlen: int) -> None:
     sw = switch_ns(record["name"])
     topology.create_namespace(sw)  # (registry.note_building named it first: a SIGKILL before the mark still leaves it ours)
     mark = f"{MARK_PREFIX}{record['name']}"  # `down` removes only namespaces that carry the mark
-    with IPRoute(netns=sw, flags=0) as ipr:
+    with open_route(sw) as ipr:
         ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
         ipr.link("add", ifname=BRIDGE, kind="bridge")
         br = ipr.link_lookup(ifname=BRIDGE)[0]
@@ -481,11 +482,11 @@ def _build(record: dict[str, Any], prefixlen: int) -> None:
             topology.build_racks(ipr, record, mark)
     for h in record["hosts"]:
         topology.create_namespace(h["netns"])
-        with IPRoute(netns=h.get("switch_netns") or sw, flags=0) as ipr:  # the host's rack switch, or the one switch
+        with open_route(h.get("switch_netns") or sw) as ipr:  # the host's rack switch, or the one switch
             ipr.link("add", ifname=h["switch_port"], kind="veth", peer={"ifname": DATA_IFACE, "net_ns_fd": h["netns"]})
             port = ipr.link_lookup(ifname=h["switch_port"])[0]
             ipr.link("set", index=port, master=ipr.link_lookup(ifname=BRIDGE)[0], state="up")
-            with IPRoute(netns=h["netns"], flags=0) as hipr:
+            with open_route(h["netns"]) as hipr:
                 hipr.link("set", index=hipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
                 eth = hipr.link_lookup(ifname=DATA_IFACE)[0]
                 hipr.addr("add", index=eth, address=h["address"], prefixlen=prefixlen)

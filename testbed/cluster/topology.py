@@ -109,19 +109,19 @@ def create_namespace(name: str) -> None:
 def build_racks(ipr_spine, record: dict[str, Any], mark: str) -> None:
     """Create the rack switches and their uplinks to the spine bridge (`ipr_spine`: an IPRoute in the spine namespace,
     whose `br0` exists). Hosts join their rack's bridge afterwards (`local._build`)."""
-    from pyroute2 import IPRoute
+    from shaping.netns_route import open_route
 
     spine_br = ipr_spine.link_lookup(ifname="br0")[0]
     for j, ns in enumerate(record["racks"]["namespaces"]):
         create_namespace(ns)
-        with IPRoute(netns=ns, flags=0) as ipr:
+        with open_route(ns) as ipr:
             ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up", ifalias=mark)
             ipr.link("add", ifname="br0", kind="bridge")
             ipr.link("set", index=ipr.link_lookup(ifname="br0")[0], state="up")
         ipr_spine.link("add", ifname=f"r{j}", kind="veth", peer={"ifname": UPLINK_IFACE, "net_ns_fd": ns})
         port = ipr_spine.link_lookup(ifname=f"r{j}")[0]
         ipr_spine.link("set", index=port, master=spine_br, state="up")
-        with IPRoute(netns=ns, flags=0) as ipr:
+        with open_route(ns) as ipr:
             up = ipr.link_lookup(ifname=UPLINK_IFACE)[0]
             ipr.link("set", index=up, master=ipr.link_lookup(ifname="br0")[0], state="up")
 
@@ -158,15 +158,16 @@ def netem_available() -> bool:
     link in a throwaway namespace, once per process."""
     if _NETEM:
         return _NETEM[0]
-    from pyroute2 import IPRoute, netns
+    from pyroute2 import netns
 
+    from shaping.netns_route import open_route
     from shaping.plan import NETEM_HANDLE
 
     ns = f"tbprobe-netem-{os.getpid()}"
     ok = False
     try:
         create_namespace(ns)  # a create that failed once under namespace churn must not read as "no netem"
-        with IPRoute(netns=ns, flags=0) as ipr:
+        with open_route(ns) as ipr:
             ipr.link("add", ifname="nt0", kind="dummy")
             idx = ipr.link_lookup(ifname="nt0")[0]
             try:
