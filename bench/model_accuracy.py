@@ -38,10 +38,10 @@ trial's median step would move were its steps drawn again (a bootstrap), and the
 setting's true median would be expected to score against the launches' mean.
 
 `--min-measured-s S` gives each trial enough measured steps (by the estimate of its step, at most MAX_ITERS) to last
-S seconds, its warm-up in proportion: a fast step on shared cores is noisy and cheap, a slow wire-bound one steady and
+S seconds, its warm-up in proportion (at most MAX_WARMUP_ITERS): a fast step on shared cores is noisy and cheap, a slow wire-bound one steady and
 dear. Each group of trials with the same counts is one `testbed sweep`. The co-located profiles get enough steps too:
 their in-place floors are medians of steps as noisy as a trial's, and they move from launch to launch as a trial
-does, so a repetition's profile is launched at least twice, and again while their MAX_ITERS steps last less than S
+does, so a repetition's profile is launched at least twice, and again while their MAX_PROFILE_ITERS steps last less than S
 (`profile_launches`, MIN_PROFILE_LAUNCHES to MAX_PROFILE_LAUNCHES; folders `<n>hosts-rep<r>-launch<j>`), all of them
 pooled.
 """
@@ -185,6 +185,9 @@ HOLDOUT_LEDGER = REPO / "bench" / "holdout_results.jsonl"
 # docs/benchmarks.md (h4all: resnet18 bs32 on 4 ranks 0.59 s; h4r50b: resnet50 bs32 on 4 ranks 2.05 s), each divided
 # by its co-location (ranks / cores).
 STEP_S_PER_SAMPLE = {"cnn": 0.0007, "mlp": 0.0001, "resnet18": 0.009, "resnet50": 0.032, "bert-base": 0.98}
+# and a step's own cost at any batch size (the optimizer, the hooks, Python), per rank with a core to itself: seed 3,
+# configuration 2 (cnn bs8 on 2 ranks, 2 cores) measured forward + backward 11-14 ms where the samples alone give 6
+STEP_S_FIXED = 0.006
 MODEL_BYTES = {"cnn": 22e3, "mlp": 1e6, "resnet18": 46.8e6, "resnet50": 102e6, "bert-base": 438e6}  # fp32 gradients
 # a rank's resident memory, GB: fixed (torch, parameters, gradients, buckets, momentum) + per sample (activations);
 # bert-base bs8 measured 3.6 GB a rank in seed 1's profile
@@ -221,7 +224,7 @@ def draw_configs(seed: int, n: int, reject=lambda _cfg: None) -> tuple[list[dict
 def step_s(cfg: dict) -> float:
     """Forward + backward of one step with the configuration's ranks sharing this machine's cores."""
     share = max(1.0, cfg["hosts"] / (os.cpu_count() or 1))
-    return STEP_S_PER_SAMPLE.get(cfg["model"], 0.01) * cfg["batch_size"] * share
+    return (STEP_S_FIXED + STEP_S_PER_SAMPLE.get(cfg["model"], 0.01) * cfg["batch_size"]) * share
 
 
 def wire_s(cfg: dict, compressor: str, rate: str) -> float:
@@ -239,28 +242,36 @@ def trial_step_s(cfg: dict, compressor: str, rate: str) -> float:
     return step_s(cfg) + wire_s(cfg, compressor, rate)
 
 
-MAX_ITERS = 40  # what --min-measured-s raises a trial's measured iterations to at most
+MAX_ITERS = 500  # what --min-measured-s raises a trial's measured iterations to at most
+# Until seed 3 this was 40, which held fast trials far under the time asked for: configuration 2 (cnn bs8 on 2 hosts,
+# ~15 ms steps) measured 0.6 s of an 8 s request, the median of each quarter of a trial moved by up to 40 %, its two
+# launches lay 10.2 % apart and it scored 35.6 % worst. 500 steps last 8 s down to 16 ms a step; the cap only stops a
+# wrong estimate (mlp: 1 ms a step) from asking for thousands. Trials of steps of 0.2 s and longer are unchanged.
+MAX_WARMUP_ITERS = 50  # warm-up grows with the measured steps, but no further: it settles the first steps' allocator
+# and connection costs, which do not grow with the trial (a trial of 40 steps or fewer is unchanged: 5 x 40 / 6 = 34)
+MAX_PROFILE_ITERS = 40  # a co-located profile's steps at most: what moves a profile is the launch, not its step count
+# (profile_launches), so a fast model is launched again rather than measured for longer
 
 
 def trial_iters(cfg: dict, compressor: str, rate: str, iters: int, warmup: int, min_measured_s: float) -> tuple[int, int]:
     """(measured, warm-up) iterations of one trial: at least `iters` and `warmup`, and enough measured steps (by the
-    estimate of its step, compute and wire) to last `min_measured_s`, at most MAX_ITERS; warm-up in proportion. A
-    bootstrap over seed 1's trials put the median of 6 steps within 5-7 % (its SD) of the trial's own: fast steps on
-    shared cores are noisy, slow wire-bound ones are not, and cost most per step."""
+    estimate of its step, compute and wire) to last `min_measured_s`, at most MAX_ITERS; warm-up in proportion, at
+    most MAX_WARMUP_ITERS. A bootstrap over seed 1's trials put the median of 6 steps within 5-7 % (its SD) of the
+    trial's own: fast steps on shared cores are noisy, slow wire-bound ones are not, and cost most per step."""
     if min_measured_s <= 0:
         return iters, warmup
     n = min(MAX_ITERS, max(iters, math.ceil(min_measured_s / trial_step_s(cfg, compressor, rate))))
-    return n, max(warmup, math.ceil(warmup * n / iters))
+    return n, max(warmup, min(MAX_WARMUP_ITERS, math.ceil(warmup * n / iters)))
 
 
 def profile_iters(cfg: dict, iters: int, min_measured_s: float) -> int:
     """Steps of a co-located profile: at least 10 and `iters`, and with `min_measured_s` enough compute steps (by the
-    estimate) to last that long, at most MAX_ITERS. Its in-place floors are medians of steps as noisy as a trial's
-    (seed 1, configuration 1: signSGD's in-place step 1.18 s in one profile, 0.90 s in the other)."""
+    estimate) to last that long, at most MAX_PROFILE_ITERS. Its in-place floors are medians of steps as noisy as a
+    trial's (seed 1, configuration 1: signSGD's in-place step 1.18 s in one profile, 0.90 s in the other)."""
     least = max(10, iters)
     if min_measured_s <= 0:
         return least
-    return min(MAX_ITERS, max(least, math.ceil(min_measured_s / step_s(cfg))))
+    return min(MAX_PROFILE_ITERS, max(least, math.ceil(min_measured_s / step_s(cfg))))
 
 
 MAX_PROFILE_LAUNCHES = 8  # what a repetition's co-located profile launches at most
@@ -269,7 +280,7 @@ MIN_PROFILE_LAUNCHES = 2  # and at least, with --min-measured-s
 
 def profile_launches(cfg: dict, iters: int, min_measured_s: float) -> int:
     """Launches of a repetition's co-located profile: one, or with `min_measured_s`, as many as it takes for their
-    compute steps (MAX_ITERS each at most) to last that long by the estimate, at least MIN_PROFILE_LAUNCHES and at
+    compute steps (MAX_PROFILE_ITERS each at most) to last that long by the estimate, at least MIN_PROFILE_LAUNCHES and at
     most MAX_PROFILE_LAUNCHES. A launch's profile is off by an amount of its own, which more steps in it do not
     average out: seed 2, configuration 6 (cnn bs16, 4 ranks on 2 cores, ~70 ms steps), fp16's in-place step 66-81 ms
     over nine launches (SD 6.7 %), the seed's two both at the low end and its fp16 predictions 11 % short; and

@@ -38,11 +38,28 @@ def test_without_min_measured_s_every_trial_keeps_its_iterations_and_one_grid_ru
     assert ma.sweep_groups(BERT, 6, 5, 0.0) == [(BERT["bw"], BERT["compressors"], 6, 5)]
 
 
-def test_a_fast_step_measures_up_to_max_iters_with_warmup_in_proportion():
+def test_a_fast_step_measures_for_the_time_asked_up_to_max_iters_with_warmup_in_proportion_up_to_its_cap():
+    # seed 3, configuration 2: cnn bs8 on 2 hosts, ~15 ms steps, measured 40 of them (0.6 s of the 8 s asked for)
+    one = ma.trial_step_s(FAST, "topk", "none")
     n, w = ma.trial_iters(FAST, "topk", "none", 6, 5, 8.0)
-    assert n == ma.MAX_ITERS  # 8 s of ~6 ms steps would be >1000: capped
-    assert w == math.ceil(5 * ma.MAX_ITERS / 6)
-    assert ma.profile_iters(FAST, 6, 8.0) == ma.MAX_ITERS
+    assert n == ma.MAX_ITERS and n * 0.015 >= 7.5  # 8 s of ~12 ms steps (the estimate) would be ~700: capped
+    assert w == ma.MAX_WARMUP_ITERS < math.ceil(5 * n / 6)  # warm-up in proportion would be 417 steps
+    # a step that needs fewer than MAX_ITERS: just enough to last the time, and the warm-up in proportion below the cap
+    n, w = ma.trial_iters(FAST, "topk", "none", 6, 5, 2.0)
+    assert (n - 1) * one < 2.0 <= n * one and n > 40
+    assert w == ma.MAX_WARMUP_ITERS
+    n, w = ma.trial_iters(FAST, "topk", "none", 6, 5, 0.3)
+    assert n == math.ceil(0.3 / one) and w == max(5, math.ceil(5 * n / 6)) < ma.MAX_WARMUP_ITERS
+    assert ma.profile_iters(FAST, 6, 8.0) == ma.MAX_PROFILE_ITERS  # a profile is launched again instead
+
+
+def test_a_trial_of_forty_steps_or_fewer_is_planned_as_before_the_caps_changed():
+    """MAX_ITERS rose from 40 to 500 after seed 3; a trial that needed 40 steps or fewer gets what it got before."""
+    for c in ISSUE["compressors"]:
+        for r in ISSUE["bw"]:
+            n, w = ma.trial_iters(ISSUE, c, r, 6, 5, 8.0)
+            old_n = min(40, max(6, math.ceil(8.0 / ma.trial_step_s(ISSUE, c, r))))
+            assert (n, w) == (old_n, max(5, math.ceil(5 * old_n / 6)))
 
 
 def test_a_slow_wire_bound_step_keeps_its_iterations():
