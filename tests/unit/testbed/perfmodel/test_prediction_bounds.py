@@ -1,5 +1,5 @@
 """Issue 32: each prediction says what bound it, carries an interval, shows a measured floor beside the composition
-(deciding only above the composition's interval), follows the link under a floor, and names co-location."""
+(deciding whenever above the composition, and saying so), follows the link under a floor, and names co-location."""
 
 from __future__ import annotations
 
@@ -45,8 +45,12 @@ def test_co_location_is_a_term_of_its_own():
     assert dict(pred.breakdown)["co-location"] > 0
 
 
-def test_a_floor_inside_the_compositions_interval_is_shown_not_used():
-    """signSGD in issue 32: the in-place step (1.293 s) above every trial (1.06-1.22 s) replaced the composition."""
+def test_a_floor_above_the_composition_decides_and_says_so_one_below_is_shown_beside_it():
+    """Issue 32 asked that a floor never replace the composition silently (signSGD's in-place step, 1.293 s, above
+    every trial, 1.06-1.22 s, from one profile launch). From 00b75fe to seed 3 a floor decided only above the
+    composition's interval; rescored on seeds 2 and 3 (pooled launches) that left the issue's PowerSGD 6-12 % short
+    of its trials with its floor within 1-4 %. A floor above the composition decides, and its note says by how much
+    the composition fell short, and whether that is within the two's spreads."""
     net = Network(3, 100e9)
     base = profile(colocated_ranks=3)
     composed = predict_iteration(base, "signsgd", net).iter_time_s
@@ -55,13 +59,19 @@ def test_a_floor_inside_the_compositions_interval_is_shown_not_used():
     d["compute_spread_s"] = 0.10 * (d["forward_s"] + d["backward_s"])  # repeats that disagree by 20 %
     d["compressors"]["signsgd"]["lockstep_step_s"] = composed * 1.05
     near = predict_iteration(profile_from_dict(d), "signsgd", net)
-    assert near.iter_time_s == pytest.approx(composed) and near.bound_by != "floor" and not near.floor_note
-    assert near.floor_s == pytest.approx(composed * 1.05, rel=3e-3) and near.high_s >= near.floor_s
-    assert near.low_s < near.iter_time_s < near.high_s
+    assert near.bound_by == "floor" and near.iter_time_s == pytest.approx(composed * 1.05, rel=3e-3)
+    assert near.composed_s == pytest.approx(composed) and near.floor_s == pytest.approx(near.iter_time_s)
+    assert "falls" in near.floor_note and "within the two's spreads" in near.floor_note
+    assert near.low_s < near.composed_s < near.iter_time_s < near.high_s  # the interval reaches the composition
     d["compressors"]["signsgd"]["lockstep_step_s"] = composed * 1.5  # well above: the floor decides, and says why
     far = predict_iteration(profile_from_dict(d), "signsgd", net)
     assert far.bound_by == "floor" and far.iter_time_s == pytest.approx(composed * 1.5, rel=3e-3)
-    assert "falls" in far.floor_note and far.composed_s == pytest.approx(composed)
+    assert "falls" in far.floor_note and "time-share cores" in far.floor_note
+    assert far.composed_s == pytest.approx(composed)
+    d["compressors"]["signsgd"]["lockstep_step_s"] = composed * 0.9  # below: shown, the composition stands
+    under = predict_iteration(profile_from_dict(d), "signsgd", net)
+    assert under.bound_by != "floor" and under.iter_time_s == pytest.approx(composed) and not under.floor_note
+    assert under.floor_s == pytest.approx(composed * 0.9, rel=3e-3)
 
 
 def test_the_link_adds_to_a_floor_so_top_k_is_not_flat():
@@ -92,8 +102,7 @@ def test_pooled_repeats_give_the_profiles_spread():
 def test_a_floors_launch_to_launch_spread_widens_the_interval():
     """Seed 2 of issue 32: fp16's in-place floor on cnn bs16, 4 ranks on 2 cores, moved 66-81 ms from one profile
     launch to the next; the interval said +-0.5 ms. Pooled launches now carry the floor's half-range: the interval
-    reaches the floor plus it, and the floor decides only when the floor minus it lies above the composition's
-    interval."""
+    reaches the floor plus it."""
     net = Network(4, 1e15)  # the rate the floors were measured at: the link adds nothing to them
     composed = predict_iteration(profile(colocated_ranks=4), "fp16", net).iter_time_s
 
@@ -112,16 +121,18 @@ def test_a_floors_launch_to_launch_spread_widens_the_interval():
     three = predict_iteration(pooled, "fp16", net)
     assert one.bound_by == three.bound_by == "floor" and one.iter_time_s == pytest.approx(three.iter_time_s)
     assert three.high_s == pytest.approx(composed * (1.4 + 0.15), rel=1e-3) and three.high_s > one.high_s
-    # launches so far apart that the floor's interval reaches into the composition's: the composition stands, and
-    # the interval reaches the floor's top (the same floor from one launch decides)
+    # launches so far apart that the floor's interval reaches into the composition's: the floor, above it, still
+    # decides, says it is within the spreads, and the interval reaches the floor's top
     wide = predict_iteration(pool_profiles([launch(composed * k) for k in (1.1, 1.5, 3.0)]), "fp16", net)
-    assert wide.bound_by != "floor" and wide.iter_time_s == pytest.approx(composed) and not wide.floor_note
+    assert wide.bound_by == "floor" and wide.iter_time_s == pytest.approx(composed * 1.5, rel=1e-3)
+    assert "within the two's spreads" in wide.floor_note
     assert wide.high_s == pytest.approx(composed * (1.5 + 0.95), rel=1e-3)
-    assert predict_iteration(pool_profiles([launch(composed * 1.5)]), "fp16", net).bound_by == "floor"
-    # a floor inside the composition's interval: the composition stands, the top reaches the floor's spread
-    near = pool_profiles([launch(composed * 0.9), launch(composed * 1.1)])
-    pred = predict_iteration(near, "fp16", net)
-    assert pred.bound_by != "floor" and pred.high_s >= composed * 1.1 - 1e-9
+    assert "within" not in predict_iteration(pool_profiles([launch(composed * 1.5)]), "fp16", net).floor_note
+    # a floor below the composition: the composition stands, and the top reaches the floor's spread
+    below = pool_profiles([launch(composed * 0.6), launch(composed * 0.96)])
+    pred = predict_iteration(below, "fp16", net)
+    assert pred.bound_by != "floor" and pred.iter_time_s == pytest.approx(composed)
+    assert pred.high_s >= composed * 0.96 - 1e-9
     # what-if speedups drop the floors and their spread with them
     assert with_compute_speedup(pooled, 2.0).compressors["fp16"].floor_spread_s is None
 
