@@ -42,6 +42,7 @@ from typing import Any
 from shaping import caller, ingress, tc
 from shaping.errors import InputError, PermissionDenied, ShapingError
 from shaping.files import atomic_write, open_private, private_dir
+from shaping.netns_route import route_for
 from shaping.plan import LinkShape
 
 DEFAULT_BASE = "/run/testbed-shaping"
@@ -195,7 +196,7 @@ def _stop_timer(record: dict[str, Any], path: Path) -> None:
 
 def check_device(dev: str, netns: str | None) -> None:
     """InputError (naming the interfaces there are) unless `dev` exists in `netns`: before any record is touched."""
-    with tc._ipr(netns) as ipr:
+    with route_for(netns, "shaping") as ipr:
         tc._index(ipr, caller.check_dev(dev), netns)
 
 
