@@ -38,12 +38,12 @@ trial's median step would move were its steps drawn again (a bootstrap), and the
 setting's true median would be expected to score against the launches' mean.
 
 `--min-measured-s S` gives each trial enough measured steps (by the estimate of its step, at most MAX_ITERS) to last
-S seconds, its warm-up in proportion (at most MAX_WARMUP_ITERS): a fast step on shared cores is noisy and cheap, a slow wire-bound one steady and
-dear. Each group of trials with the same counts is one `testbed sweep`. The co-located profiles get enough steps too:
-their in-place floors are medians of steps as noisy as a trial's, and they move from launch to launch as a trial
-does, so a repetition's profile is launched at least twice, and again while their MAX_PROFILE_ITERS steps last less than S
-(`profile_launches`, MIN_PROFILE_LAUNCHES to MAX_PROFILE_LAUNCHES; folders `<n>hosts-rep<r>-launch<j>`), all of them
-pooled.
+S seconds, its warm-up in proportion (at most MAX_WARMUP_ITERS): a fast step on shared cores is noisy and cheap, a
+slow wire-bound one steady and dear. Each group of trials with the same counts is one `testbed sweep`. The co-located
+profiles get enough steps too: their in-place floors are medians of steps as noisy as a trial's, and they move from
+launch to launch as a trial does, so a repetition's profile is launched at least twice, and again while their
+MAX_PROFILE_ITERS steps last less than S (`profile_launches`, MIN_PROFILE_LAUNCHES to MAX_PROFILE_LAUNCHES; folders
+`<n>hosts-rep<r>-launch<j>`), all of them pooled.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ MAX_ITERS = 500  # what --min-measured-s raises a trial's measured iterations to
 # Until seed 3 this was 40, which held fast trials far under the time asked for: configuration 2 (cnn bs8 on 2 hosts,
 # ~15 ms steps) measured 0.6 s of an 8 s request, the median of each quarter of a trial moved by up to 40 %, its two
 # launches lay 10.2 % apart and it scored 35.6 % worst. 500 steps last 8 s down to 16 ms a step; the cap only stops a
-# wrong estimate (mlp: 1 ms a step) from asking for thousands. Trials of steps of 0.2 s and longer are unchanged.
+# wrong estimate (mlp: 1 ms a step) from asking for thousands. A trial of 40 steps or fewer is as the old cap left it.
 MAX_WARMUP_ITERS = 50  # warm-up grows with the measured steps, but no further: it settles the first steps' allocator
 # and connection costs, which do not grow with the trial (a trial of 40 steps or fewer is unchanged: 5 x 40 / 6 = 34)
 MAX_PROFILE_ITERS = 40  # a co-located profile's steps at most: what moves a profile is the launch, not its step count
@@ -280,8 +280,8 @@ MIN_PROFILE_LAUNCHES = 2  # and at least, with --min-measured-s
 
 def profile_launches(cfg: dict, iters: int, min_measured_s: float) -> int:
     """Launches of a repetition's co-located profile: one, or with `min_measured_s`, as many as it takes for their
-    compute steps (MAX_PROFILE_ITERS each at most) to last that long by the estimate, at least MIN_PROFILE_LAUNCHES and at
-    most MAX_PROFILE_LAUNCHES. A launch's profile is off by an amount of its own, which more steps in it do not
+    compute steps (MAX_PROFILE_ITERS each at most) to last that long by the estimate, at least MIN_PROFILE_LAUNCHES
+    and at most MAX_PROFILE_LAUNCHES. A launch's profile is off by an amount of its own, which more steps in it do not
     average out: seed 2, configuration 6 (cnn bs16, 4 ranks on 2 cores, ~70 ms steps), fp16's in-place step 66-81 ms
     over nine launches (SD 6.7 %), the seed's two both at the low end and its fp16 predictions 11 % short; and
     configuration 7 (resnet18 bs16, 4 ranks, 40 steps of ~0.7 s in each launch), forward + backward 725 ms in one
