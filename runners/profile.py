@@ -211,16 +211,16 @@ def local_collectives():
     fake = {"all_reduce": all_reduce, "all_gather_into_tensor": all_gather_into_tensor,
             "all_gather_single": all_gather_into_tensor}  # fmt: skip
     saved = {name: getattr(dist, name) for name in fake if hasattr(dist, name)}
-    saved_base = base._all_gather_single
+    saved_base = base.all_gather_single
     try:
         for name in saved:
             setattr(dist, name, fake[name])
-        base._all_gather_single = all_gather_into_tensor
+        base.all_gather_single = all_gather_into_tensor
         yield
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-        base._all_gather_single = saved_base
+        base.all_gather_single = saved_base
 
 
 MIN_MEASURED_S = 2.0  # measure at least this much compute: a 40 ms step's median of 10 moves by a millisecond

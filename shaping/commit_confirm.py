@@ -42,7 +42,7 @@ from typing import Any
 from shaping import caller, ingress, tc
 from shaping.errors import InputError, PermissionDenied, ShapingError
 from shaping.files import atomic_write, open_private, private_dir
-from shaping.netns_route import route_for
+from shaping.netns_route import interface_index, route_for
 from shaping.plan import LinkShape
 
 DEFAULT_BASE = "/run/testbed-shaping"
@@ -197,7 +197,7 @@ def _stop_timer(record: dict[str, Any], path: Path) -> None:
 def check_device(dev: str, netns: str | None) -> None:
     """InputError (naming the interfaces there are) unless `dev` exists in `netns`: before any record is touched."""
     with route_for(netns, "shaping") as ipr:
-        tc._index(ipr, caller.check_dev(dev), netns)
+        interface_index(ipr, caller.check_dev(dev), netns)
 
 
 def pending(dev: str, *, netns: str | None = None, base: str | Path | None = None) -> dict[str, Any] | None:

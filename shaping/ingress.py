@@ -25,9 +25,9 @@ from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
 
 from shaping import classify, tc
-from shaping.errors import InputError, PermissionDenied, ShapingError
+from shaping.errors import PermissionDenied, ShapingError
 from shaping.highrate import leaf_limit_bytes
-from shaping.netns_route import route_for
+from shaping.netns_route import interface_index, route_for
 from shaping.plan import CLASS_HANDLE, OWNED_MAJOR, LinkShape
 
 # bfifo takes the same options as pfifo (struct tc_fifo_qopt: one u32 limit, in bytes for bfifo); pyroute2 0.9 maps
@@ -53,15 +53,6 @@ def ifb_name(ifname: str) -> str:
 def _lookup(ipr: IPRoute, ifname: str) -> int | None:
     found = ipr.link_lookup(ifname=ifname)
     return found[0] if found else None
-
-
-def _require(ipr: IPRoute, ifname: str, netns: str | None) -> int:
-    index = _lookup(ipr, ifname)
-    if index is None:
-        where = f" in namespace {netns}" if netns else ""
-        names = ", ".join(sorted(str(link.get("ifname")) for link in ipr.get_links()))
-        raise InputError(f"no interface {ifname!r}{where}; there are: {names}")
-    return index
 
 
 def _ingress_qdisc(ipr: IPRoute, index: int):
@@ -132,7 +123,7 @@ def _ifb_owned(ipr: IPRoute, ifname: str) -> int | None:
 
 
 def _state(ipr: IPRoute, ifname: str, netns: str | None) -> dict[str, Any]:
-    index = _require(ipr, ifname, netns)
+    index = interface_index(ipr, ifname, netns)
     ifb_index = _ifb_owned(ipr, ifname)
     q = _ingress_qdisc(ipr, index)
     filters = _filters(ipr, index) if q is not None else []
@@ -198,7 +189,7 @@ def apply(
             if ifb_index is None:  # as many queues as the NIC, so the redirect does not funnel into one
                 queues = nic_tx_queues(ipr, index)
                 ipr.link("add", ifname=ifb_name(ifname), kind="ifb", num_tx_queues=queues, num_rx_queues=queues)
-                ifb_index = _require(ipr, ifb_name(ifname), netns)
+                ifb_index = interface_index(ipr, ifb_name(ifname), netns)
                 undo.append(("link", ifb_index))
                 ipr.link("set", index=ifb_index, ifalias=IFB_ALIAS_PREFIX + ifname)
             ipr.link("set", index=ifb_index, state="up")

@@ -4,7 +4,8 @@ pyroute2's `IPRoute(netns=NAME)` opens the namespace with O_CREAT by default, so
 or a namespace removed a moment ago by its cluster's `down`) silently becomes a new, empty namespace that nobody
 removes. Every namespace the testbed enters it made itself first (`testbed.cluster.topology.create_namespace`), so
 nothing here ever needs the create: `open_route` opens with `flags=0`, and tests/unit/shaping/test_netns_route.py
-refuses an `IPRoute(` anywhere else in the project.
+refuses an `IPRoute(` anywhere else in the project. `interface_index` is the one lookup of a user's interface name in
+such a socket, with the error that names the interfaces there are.
 """
 
 from __future__ import annotations
@@ -37,3 +38,14 @@ def route_for(netns: str | None, needs: str) -> Iterator[IPRoute]:
         yield ipr
     finally:
         ipr.close()
+
+
+def interface_index(ipr: IPRoute, ifname: str, netns: str | None) -> int:
+    """The index of `ifname` in `ipr`'s namespace (`netns`, for the message); an InputError naming the interfaces there
+    are when it has none of that name."""
+    found = ipr.link_lookup(ifname=ifname)
+    if not found:
+        where = f" in namespace {netns}" if netns else ""
+        names = ", ".join(sorted(str(link.get("ifname")) for link in ipr.get_links()))
+        raise InputError(f"no interface {ifname!r}{where}; there are: {names}")
+    return found[0]

@@ -24,9 +24,9 @@ from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
 from shaping import classify
-from shaping.errors import InputError, PermissionDenied, ShapingError
+from shaping.errors import PermissionDenied, ShapingError
 from shaping.files import atomic_write
-from shaping.netns_route import route_for
+from shaping.netns_route import interface_index, route_for
 from shaping.plan import (
     CLASS_HANDLE,
     NETEM_HANDLE,
@@ -58,15 +58,6 @@ def backup_dir(state_dir: str | Path | None = None) -> Path:
 
 def _backup_path(ifname: str, netns: str | None, state_dir: str | Path | None) -> Path:
     return backup_dir(state_dir) / f"{netns or '_root'}__{ifname}.json"
-
-
-def _index(ipr: IPRoute, ifname: str, netns: str | None) -> int:
-    found = ipr.link_lookup(ifname=ifname)
-    if not found:
-        where = f" in namespace {netns}" if netns else ""
-        names = ", ".join(sorted(str(link.get("ifname")) for link in ipr.get_links()))
-        raise InputError(f"no interface {ifname!r}{where}; there are: {names}")
-    return found[0]
 
 
 def _root(ipr: IPRoute, index: int):
@@ -233,7 +224,7 @@ def apply(
     traffic to them is shaped; the rest takes an unshaped default class (see shaping/classify.py)."""
     classify.check(shape.qdisc, peers)
     with route_for(netns, "shaping") as ipr:
-        index = _index(ipr, ifname, netns)
+        index = interface_index(ipr, ifname, netns)
         root = _root(ipr, index)
         owner = _ownership(root)
         where = f"{netns}/{ifname}" if netns else ifname
@@ -298,7 +289,7 @@ def clear(ifname: str, *, netns: str | None = None, state_dir: str | Path | None
     """Remove the testbed's root qdisc and restore what was there before (saved under `backup_dir(state_dir)`).
     Idempotent. True if anything changed."""
     with route_for(netns, "shaping") as ipr:
-        index = _index(ipr, ifname, netns)
+        index = interface_index(ipr, ifname, netns)
         root = _root(ipr, index)
         changed = False
         if _ownership(root) == "owned":
@@ -320,7 +311,7 @@ def clear_offload_classifier(ifname: str, *, netns: str | None = None) -> bool:
 
     ours = {SKBEDIT_PRIO, SKBEDIT_PRIO + 4, SKBEDIT_PRIO + 6}
     with route_for(netns, "shaping") as ipr:
-        index = _index(ipr, ifname, netns)
+        index = interface_index(ipr, ifname, netns)
         if not any(q.get_attr("TCA_KIND") == "clsact" for q in ipr.get_qdiscs(index=index)):
             return False
         prios = set()
@@ -408,7 +399,7 @@ def _replay(ipr: IPRoute, index: int, ifname: str, messages: list[dict], where_s
         try:
             msg_type = RTM_NEWQDISC if m["kind"] == "qdisc" else RTM_NEWTCLASS
             # IPRoute.nlm_request() of pyroute2 0.9.7 trips over a missing status key; use the generator it wraps
-            tuple(ipr._generate_with_cleanup(ipr.asyncore.nlm_request, msg, msg_type, flags, None, None, None))
+            tuple(ipr._generate_with_cleanup(ipr.asyncore.nlm_request, msg, msg_type, flags, None, None, None))  # noqa: SLF001
         except NetlinkError as e:
             if e.code == errno.EEXIST and m["kind"] == "class":
                 continue  # classes a classful qdisc makes by itself (tbf 1:1) are back already
@@ -430,7 +421,7 @@ def _ticks_to_bytes(ticks: int, rate_bytes_s: float) -> int:
 def show(ifname: str, *, netns: str | None = None) -> dict[str, Any]:
     """Read back the root qdisc of `ifname`: kind, ownership, rate, burst, netem, and byte/drop counters."""
     with route_for(netns, "shaping") as ipr:
-        index = _index(ipr, ifname, netns)
+        index = interface_index(ipr, ifname, netns)
         root = _root(ipr, index)
         out: dict[str, Any] = {
             "ifname": ifname,

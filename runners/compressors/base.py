@@ -261,7 +261,9 @@ def allreduce_wait(state: CompressorState, tensor: torch.Tensor, index: int, gro
     return tensor
 
 
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# the codecs' all-gather (torch's one-tensor form under either of its names); a module attribute, not a bare import,
+# so that runners.profile.local_collectives can swap it for a local copy during a profile
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def allgather_wait(state: CompressorState, tensor: torch.Tensor, index: int) -> torch.Tensor:
@@ -270,7 +272,7 @@ def allgather_wait(state: CompressorState, tensor: torch.Tensor, index: int) -> 
     state.stats.add_payload(index, tensor.numel() * tensor.element_size())
     out = torch.empty(world * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
     state.stats.before_collective(index)
-    work = _all_gather_single(out, tensor, group=state.process_group, async_op=True)
+    work = all_gather_single(out, tensor, group=state.process_group, async_op=True)
     t = state.stats.start()
     work.wait()
     state.stats.stop("comm", index, t)
@@ -298,7 +300,7 @@ def allgather_then(state: CompressorState, tensor: torch.Tensor, index: int, dec
     stats.add_payload(index, tensor.numel() * tensor.element_size())
     out = torch.empty(world * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
     stats.before_collective(index)
-    work = _all_gather_single(out, tensor, group=state.process_group, async_op=True)
+    work = all_gather_single(out, tensor, group=state.process_group, async_op=True)
     return _finish(state, work, index, decode, out.view(world, tensor.numel()))
 
 

@@ -393,7 +393,7 @@ class SlurmCluster(LabCluster):
                 proc.wait(timeout=10)
 
     # ------------------------------------------------------------------------------------- LabCluster primitives
-    def _conn(self, name: str) -> SrunConnection:  # type: ignore[override]
+    def conn(self, name: str) -> SrunConnection:  # type: ignore[override]
         if name not in self._conns:
             self._conns[name] = SrunConnection(self, self.specs[name].name)  # type: ignore[assignment]
         return self._conns[name]  # type: ignore[return-value]
@@ -433,7 +433,7 @@ class SlurmCluster(LabCluster):
         with open(log_path, "wb") as log:
             try:
                 proc = subprocess.Popen(
-                    [*self._conn(spec.name).srun_argv(name, tuple(env)), "/bin/sh", "-c", line],
+                    [*self.conn(spec.name).srun_argv(name, tuple(env)), "/bin/sh", "-c", line],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env={**client_env(), **env},
                     start_new_session=True,
                 )  # fmt: skip

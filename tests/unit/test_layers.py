@@ -149,3 +149,23 @@ def test_controller_start_up_loads_no_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def ruff_on(source: str, as_path: str) -> subprocess.CompletedProcess:
+    """The project's ruff (its pyproject settings) on `source`, as if it were the file `as_path` of the repository."""
+    ruff = Path(sys.executable).with_name("ruff")
+    return subprocess.run(
+        [str(ruff), "check", "--no-cache", "--output-format", "concise", "--stdin-filename", as_path, "-"],
+        input=source, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_a_private_name_used_from_another_module_fails_lint():
+    """What broke shaping.commit_confirm once (tc's private `_ipr` removed, its caller missed): lint now refuses the
+    call itself, in the product's packages; the tests may still reach into what they test."""
+    source = "from shaping import tc\n\n\ndef check(ipr):\n    return tc._index(ipr, 'eth0', None)\n"
+    done = ruff_on(source, "shaping/probe.py")
+    assert done.returncode == 1 and "SLF001" in done.stdout and "_index" in done.stdout, done.stdout + done.stderr
+    public = source.replace("tc._index", "tc.index")
+    assert ruff_on(public, "shaping/probe.py").returncode == 0
+    assert ruff_on(source, "tests/unit/shaping/probe.py").returncode == 0  # tests are exempt

@@ -164,7 +164,8 @@ class LabCluster(LabShaping, Cluster):
         self.kill_started()
         self.close()
 
-    def _conn(self, name: str) -> SSHConnection:
+    def conn(self, name: str) -> SSHConnection:
+        """The connection to host `name`, opened once and kept (its started processes reach their host through it)."""
         if name not in self._conns:
             self._conns[name] = SSHConnection(self.specs[name].ssh, accept_new_host_keys=self.accept_new_host_keys)
         return self._conns[name]
@@ -219,7 +220,7 @@ class LabCluster(LabShaping, Cluster):
 
     def _data_address(self, name: str) -> str:
         s = self.specs[name]
-        res = self._conn(name).run(["ip", "-j", "-4", "addr", "show", "dev", s.data_iface], timeout_s=30)
+        res = self.conn(name).run(["ip", "-j", "-4", "addr", "show", "dev", s.data_iface], timeout_s=30)
         try:
             addrs = [a["local"] for link in json.loads(res.stdout or "[]") for a in link.get("addr_info", [])]
         except (ValueError, KeyError, TypeError):
@@ -247,7 +248,7 @@ class LabCluster(LabShaping, Cluster):
 
     def run(self, host: Host | str, argv: list[str], *, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
         spec = self._spec(host)
-        return self._conn(spec.name).run(self._host_argv(spec, argv), cwd=spec.project_dir, timeout_s=timeout_s)
+        return self.conn(spec.name).run(self._host_argv(spec, argv), cwd=spec.project_dir, timeout_s=timeout_s)
 
     def _run_parent(self, spec: LabHostSpec) -> PurePosixPath:
         """testbed_run_dir: where the private directories of this cluster's processes and attempts are made."""
@@ -284,7 +285,7 @@ class LabCluster(LabShaping, Cluster):
             marker=f"{TOKEN_ENV}={token}",
         )
         line = f"{private_dir_line(self._run_parent(spec), pdir.name)} && {detached}"
-        conn = self._conn(spec.name)
+        conn = self.conn(spec.name)
         res = conn.run_line(line, timeout_s=30, stdin=env_file_text(dict(env)))
         if res.returncode != 0:
             raise LaunchError(
@@ -317,7 +318,7 @@ class LabCluster(LabShaping, Cluster):
         spec = self._spec(host)
         if str(PurePosixPath(remote_dir)) == str(Path(local_dir).resolve()):
             return
-        conn = self._conn(spec.name)
+        conn = self.conn(spec.name)
         attempt = self._attempt
         if attempt is None or str(PurePosixPath(remote_dir)) != attempt["path"]:
             conn.get_tree(str(remote_dir), Path(local_dir))
@@ -351,7 +352,7 @@ class LabCluster(LabShaping, Cluster):
             return
         path = PurePosixPath(attempt["path"])
         line = private_dir_line(path.parent, path.name, reuse_own=True)
-        res = self._conn(spec.name).run_line(line, timeout_s=30)
+        res = self.conn(spec.name).run_line(line, timeout_s=30)
         if res.returncode != 0:
             raise LaunchError(f"host {spec.name}: {(res.stderr.strip().splitlines() or ['mkdir failed'])[-1]}")
         attempt["made"].add(spec.name)
@@ -375,7 +376,7 @@ class LabCluster(LabShaping, Cluster):
     def probe(self, name: str) -> dict[str, Any]:
         """Facts of one host: Python, torch/NCCL versions, GPUs, data NIC (exists, speed, addresses), shaping."""
         spec = self.specs[name]
-        res = self._conn(name).run(
+        res = self.conn(name).run(
             [spec.python, "-c", HOST_FACTS, spec.data_iface], cwd=spec.project_dir, timeout_s=120
         )
         if res.returncode != 0 or not res.stdout.strip():
@@ -416,7 +417,7 @@ class LabCluster(LabShaping, Cluster):
         """Run ansible/playbooks/provision.yml against the inventory (after checking every host is reachable with a
         known key), then `check()`. Returns the facts of each host."""
         if run_playbook:
-            reach = self._each(lambda n: self._conn(n).connect() and True, list(self.specs))
+            reach = self._each(lambda n: self.conn(n).connect() and True, list(self.specs))
             errors = [str(r) for r in reach.values() if isinstance(r, TestbedError)]
             if errors:
                 raise ClusterError("; ".join(errors))
@@ -442,7 +443,7 @@ class LabCluster(LabShaping, Cluster):
         pgid, token = handle.get("pgid"), str(handle.get("token") or "")
         if not isinstance(pgid, int) or pgid <= 1 or not re.fullmatch(r"[A-Za-z0-9_.-]+-[0-9a-f]{12}", token):
             return False
-        self._conn(str(handle["host"])).run_line(kill_group_script(pgid, token, 3.0), timeout_s=40)
+        self.conn(str(handle["host"])).run_line(kill_group_script(pgid, token, 3.0), timeout_s=40)
         return True
 
     # ------------------------------------------------------------------------------------------- status / down
@@ -480,7 +481,7 @@ class LabCluster(LabShaping, Cluster):
         def host_down(n: str) -> None:
             spec = self.specs[n]
             script = end_processes_script(self._run_parent(spec), self.name, n)
-            self._conn(n).run_line(script, timeout_s=120)
+            self.conn(n).run_line(script, timeout_s=120)
             # --forget: also end a dead-man timer still waiting and remove the commit-confirm state directory
             argv = self._shaping_argv(spec, "clear", "--dev", spec.data_iface, "--forget", "--json")
             res = self.run(n, argv, timeout_s=60)
@@ -490,7 +491,7 @@ class LabCluster(LabShaping, Cluster):
         errors = [str(r) for r in self._each(host_down, list(self.specs)).values() if isinstance(r, TestbedError)]
         if not errors:  # the attempts' directories left by trials that failed before fetching (private, the user's)
             pattern = f"{self._run_parent(next(iter(self.specs.values())))}/tb-{self.name}."
-            self._each(lambda n: self._conn(n).run_line(sweep_attempts_line(pattern), timeout_s=120), list(self.specs))
+            self._each(lambda n: self.conn(n).run_line(sweep_attempts_line(pattern), timeout_s=120), list(self.specs))
         self.close()
         if errors:
             raise ClusterError("; ".join(errors))

@@ -20,7 +20,7 @@ TOKEN_ENV = "TESTBED_LAB_TOKEN"
 class Connections(Protocol):
     """What a started process needs of its cluster: the (cached, reopened when closed) connection to a host."""
 
-    def _conn(self, name: str) -> SSHConnection: ...
+    def conn(self, name: str) -> SSHConnection: ...
 
 
 class LabRankProcess(RankProcess):
@@ -38,7 +38,7 @@ class LabRankProcess(RankProcess):
         return self.pgid
 
     def _conn(self) -> SSHConnection:
-        return self.cluster._conn(self.host.name)
+        return self.cluster.conn(self.host.name)
 
     def poll(self) -> int | None:
         if self.returncode is not None:
