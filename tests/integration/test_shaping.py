@@ -13,7 +13,7 @@ import subprocess
 import pytest
 from conftest import NO_NETEM_REASON, cluster_netns, kernel_has_netem, netns_list, one_line, random_suffix
 
-from shaping import tc
+from shaping import commit_confirm, ingress, tc
 from shaping.plan import LinkShape, default_burst_bytes, render_clear, render_tc
 from testbed.cluster import backends
 from testbed.errors import InputError
@@ -390,8 +390,15 @@ def test_bad_input_on_a_live_cluster_changes_nothing(testbed_cli, state_dir, mak
 
 def test_api_rejects_unknown_interface_and_namespace(scratch_netns):
     ns = scratch_netns()
-    with pytest.raises(InputError, match="no interface 'nope0'"):
-        tc.apply("nope0", LinkShape(10**8), netns=ns)
+    # one lookup (shaping.netns_route.interface_index) for egress, ingress and the commit-confirm check: each names the
+    # interfaces the namespace has (a scratch one: loopback alone)
+    unknown = f"no interface 'nope0' in namespace {ns}; there are: lo"
+    for call in (lambda: tc.apply("nope0", LinkShape(10**8), netns=ns),
+                 lambda: ingress.apply("nope0", LinkShape(10**8), netns=ns),
+                 lambda: commit_confirm.check_device("nope0", ns)):  # fmt: skip
+        with pytest.raises(InputError) as raised:
+            call()
+        assert str(raised.value) == unknown
     missing = ns + "x"  # never created; looking into it must not create it either
     for call in (lambda: tc.show("lo", netns=missing), lambda: tc.apply("lo", LinkShape(10**8), netns=missing)):
         try:
