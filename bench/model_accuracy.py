@@ -123,6 +123,36 @@ def launch_profiles(rep_dirs: list[Path]) -> dict[tuple, list]:
     return runs
 
 
+def stored_calibrations(profiles: Path, hosts: int, rates: list[str]) -> dict[str, dict]:
+    """The rates of --calibrate-bw already calibrated for `hosts` ranks in `profiles`, each as `testbed calibrate
+    --json` gives it. A sitting cut off mid-calibration keeps the rates it finished (calibrate stores each as it ends),
+    and the next sitting measures only the others."""
+    from testbed import perfmodel as pm
+    from testbed.config import parse_rates
+    from testbed.errors import InputError
+    wanted = dict(zip(parse_rates(rates, "--calibrate-bw"), rates, strict=True))
+    out: dict[str, dict] = {}
+    for path in sorted(profiles.glob("calibration-*.json")):
+        try:
+            c = pm.load_calibration(path)
+        except InputError:
+            continue  # unreadable (a run cut off while writing one is not: calibrate writes atomically)
+        if c.cluster == NAME and c.world_size == hosts and c.cross_traffic == 0 and c.rate_bps in wanted:
+            out[wanted[c.rate_bps]] = {"path": str(path), **pm.calibration_to_dict(c)}
+    return out
+
+
+def calibrate(hosts: int, rates: list[str], sizes: str, profiles: Path) -> list[dict]:
+    """A calibration at each rate, in `rates`' order: those stored already are read, the others measured."""
+    have = stored_calibrations(profiles, hosts, rates)
+    missing = [r for r in rates if r not in have]
+    if missing:
+        out = json.loads(testbed("calibrate", "--name", NAME, "--bw", ",".join(missing), "--sizes", sizes,
+                                 "--out", str(profiles), "--json"))  # fmt: skip
+        have.update(zip(missing, out if isinstance(out, list) else [out], strict=True))
+    return [have[r] for r in rates]
+
+
 def pool_repeats(rep_dirs: list[Path], out: Path) -> str:
     """Pool each model's profiles from the repetitions' launches (median of every timing) into `out`; a Markdown
     table of forward + backward per launch (in the order of `rep_dirs`), the machine's drift over the run."""
@@ -727,11 +757,11 @@ def main() -> int:
             testbed("up", "--name", NAME, "--hosts", str(n), "--recreate")
             # several rates, one command: the model interpolates between them. Kept beside the profiles, so that a
             # rerun of the same command resumes: a calibration, profile or trial already stored is not measured again
+            # (each rate's calibration on its own: calibrate())
             cal_done = work / f"calibration-{n}hosts.json"
             if not cal_done.is_file():
-                out = testbed("calibrate", "--name", NAME, "--bw", args.calibrate_bw, "--sizes", args.calibrate_sizes,
-                              "--out", str(profiles), "--json")  # fmt: skip
-                cal_done.write_text(out)
+                cals = calibrate(n, args.calibrate_bw.split(","), args.calibrate_sizes, profiles)
+                cal_done.write_text(json.dumps(cals, indent=2) + "\n")
             cals = json.loads(cal_done.read_text())
             for at, cal in zip(args.calibrate_bw.split(","), cals if isinstance(cals, list) else [cals], strict=True):
                 f = cal["fitted"]

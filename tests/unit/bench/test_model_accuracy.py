@@ -439,3 +439,38 @@ def test_a_sittings_deadline_waits_for_the_child_through_both_sigints_and_ends_i
     assert undone.exists()  # the bench ended after its child had finished undoing
     assert bench.returncode == 130
     assert err.strip().splitlines() == [err.strip()] and err.startswith("interrupted (SIGINT)") and "resumes" in err
+
+
+def test_a_calibration_cut_off_between_rates_resumes_with_the_rates_it_did_not_store(tmp_path, monkeypatch):
+    """`testbed calibrate` stores each rate as it finishes; a sitting cut off at its third of four rates used to take
+    all four again (seed 4: 11 minutes). The next one measures only the rates missing, and the set it keeps is in
+    --calibrate-bw's order, as one calibrate command gives it."""
+    from testbed import perfmodel as pm
+    from unit.testbed.perfmodel.test_calibration import synthetic_bench
+
+    def stored(hosts: int, rate_bps: int | None, cluster: str = ma.NAME, cross_traffic: int = 0) -> dict:
+        c = pm.calibration_from_bench(synthetic_bench(hosts, 80e-6, 0.9e9, 0.6e9, 1e-9, 0.0), cluster=cluster,
+                                      rate_bps=rate_bps, cross_traffic=cross_traffic)  # fmt: skip
+        path = pm.save_calibration(c, tmp_path)
+        return {"path": str(path), **pm.calibration_to_dict(c)}
+
+    mbit200, unshaped = stored(3, 200 * 10**6), stored(3, None)
+    stored(2, 10**9)  # another world size,
+    stored(3, 10**9, cross_traffic=2)  # one beside cross traffic,
+    stored(3, 10**9, cluster="other")  # and another cluster's: none of them is this configuration's 1 Gbit/s
+    (tmp_path / "calibration-broken.json").write_text("{")
+    measured = stored(3, 10**9, cluster="fresh")
+    asked = []
+
+    def testbed(*argv, timeout_s=0):
+        asked.append(argv)
+        return json.dumps(measured)  # one rate: calibrate --json prints the object, not a list
+
+    monkeypatch.setattr(ma, "testbed", testbed)
+    rates = ["none", "1gbit", "200mbit"]
+    assert ma.calibrate(3, rates, "1MB,4MB", tmp_path) == [unshaped, measured, mbit200]
+    assert asked == [("calibrate", "--name", ma.NAME, "--bw", "1gbit", "--sizes", "1MB,4MB", "--out", str(tmp_path),
+                      "--json")]  # fmt: skip
+    asked.clear()
+    assert ma.calibrate(3, ["200mbit", "none"], "1MB", tmp_path) == [mbit200, unshaped]
+    assert asked == []  # every rate stored: nothing measured
