@@ -19,9 +19,6 @@ from runners import catalog
 from runners.contract import TRAINING_DEFAULTS
 from shaping.plan import BURST_POLICY, LinkShape
 from shaping.units import (
-    UNSHAPED,
-    is_unshaped,
-    parse_rate_bps,
     parse_size_bytes,
     parse_time_s,
     rate_or_unshaped,
@@ -377,17 +374,9 @@ def parse_list(text: str | list, what: str) -> list[str]:
     return items
 
 
-def parse_rate_or_none(text: str, what: str = "--bw") -> int | None:
-    """A rate in bits/s, or None for `none`. Empty and `0` are refused: an unset variable must not mean unshaped."""
-    if is_unshaped(text):
-        return None
-    if str(text).strip().lower() in ("0", "0bit"):
-        raise InputError(f"{what} {text}: 0 is not a rate; an unshaped link is spelled {UNSHAPED}")
-    return parse_rate_bps(text, what)
-
-
 def parse_rates(items: list[str], what: str = "--bw") -> list[int | None]:
-    return [parse_rate_or_none(x, what) for x in items]
+    """Rates in bits/s, None for `none`; `0` is refused (trial_shape.parse_rate_or_none: one rule for every flag)."""
+    return [trial_shape.parse_rate_or_none(x, what) for x in items]
 
 
 def expand(

@@ -32,7 +32,8 @@ _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 # ------------------------------------------------------------------------------------------------ parsing and checks
 def parse_rate_or_none(text: str, what: str) -> int | None:
-    """A rate in bits/s, or None for `none`; 0 is refused (the same rules as --bw, testbed.config)."""
+    """A rate in bits/s, or None for `none`. `0` is refused: an unset variable must not mean unshaped. The one rule for
+    --bw, --host-bw and --straggler-bw (testbed.config.parse_rates)."""
     if is_unshaped(text):
         return None
     if str(text).strip().lower() in ("0", "0bit"):
