@@ -26,8 +26,8 @@ in HOLDOUT_LEDGER, and a seed already there is refused (a seed is used once; jud
 `--dry-run` prints the drawn configurations and an estimate of the wall time, and runs nothing. A seed takes longer
 than one sitting: stop it with Ctrl-C (SIGINT; the trial in flight is lost, the cluster is taken down) and rerun the
 same command with the same --out to resume. --out/holdout.json holds the plan and the frozen commit; a resume from
-another commit, seed or setting is refused. What is stored is kept: a finished configuration, each host count's
-calibrations, each repetition's profiles and every trial (the sweep skips stored trials).
+another commit, seed or setting is refused. What is stored is kept: a finished configuration, each rate's
+calibration, each repetition's profiles and every trial (the sweep skips stored trials).
 
     python bench/model_accuracy.py --holdout 7 --configs 8 --repeats 2 --dry-run
     python bench/model_accuracy.py --seed-table /path/to/out   # a seed's scores so far, per configuration, and
