@@ -755,15 +755,10 @@ def main() -> int:
     try:
         for n in hosts:
             testbed("up", "--name", NAME, "--hosts", str(n), "--recreate")
-            # several rates, one command: the model interpolates between them. Kept beside the profiles, so that a
-            # rerun of the same command resumes: a calibration, profile or trial already stored is not measured again
-            # (each rate's calibration on its own: calibrate())
-            cal_done = work / f"calibration-{n}hosts.json"
-            if not cal_done.is_file():
-                cals = calibrate(n, args.calibrate_bw.split(","), args.calibrate_sizes, profiles)
-                cal_done.write_text(json.dumps(cals, indent=2) + "\n")
-            cals = json.loads(cal_done.read_text())
-            for at, cal in zip(args.calibrate_bw.split(","), cals if isinstance(cals, list) else [cals], strict=True):
+            # several rates: the model interpolates between them. Stored beside the profiles, so that a rerun of the
+            # same command resumes: a calibration (each rate's), profile or trial already stored is not measured again
+            cals = calibrate(n, args.calibrate_bw.split(","), args.calibrate_sizes, profiles)
+            for at, cal in zip(args.calibrate_bw.split(","), cals, strict=True):
                 f = cal["fitted"]
                 print(f"calibration, {n} hosts at {at}: alpha {f['latency_s'] * 1e6:.3g} us, all-reduce "
                       f"{f['bandwidth_bps'] / 1e6:.1f} Mbit/s (efficiency {f['efficiency']}), all-gather "

@@ -443,7 +443,7 @@ def test_a_sittings_deadline_waits_for_the_child_through_both_sigints_and_ends_i
 
 def test_a_calibration_cut_off_between_rates_resumes_with_the_rates_it_did_not_store(tmp_path, monkeypatch):
     """`testbed calibrate` stores each rate as it finishes; a sitting cut off at its third of four rates used to take
-    all four again (seed 4: 11 minutes). The next one measures only the rates missing, and the set it keeps is in
+    all four again (seed 4: about 10 minutes). The next one measures only the rates missing, and the set it returns is in
     --calibrate-bw's order, as one calibrate command gives it."""
     from testbed import perfmodel as pm
     from unit.testbed.perfmodel.test_calibration import synthetic_bench
