@@ -728,6 +728,17 @@ def main() -> int:
         ap.error(f"--min-measured-s {args.min_measured_s:g}: expected seconds >= 0")
     if args.iters is not None and args.iters < 1:
         ap.error(f"--iters {args.iters}: expected >= 1")
+    from testbed.config import parse_rates
+    from testbed.errors import InputError
+
+    try:
+        calibrate_rates = parse_rates(args.calibrate_bw.split(","), "--calibrate-bw")
+    except InputError as e:
+        ap.error(str(e))
+    again = [r for i, r in enumerate(args.calibrate_bw.split(",")) if calibrate_rates[i] in calibrate_rates[:i]]
+    if again:  # one calibration per rate: 1gbit,1000mbit would be one measured twice
+        ap.error(f"--calibrate-bw {args.calibrate_bw}: {', '.join(again)} names a rate given before; expected "
+                 "distinct rates")
     if args.seed_table:
         if not (Path(args.seed_table) / "holdout.json").is_file():
             ap.error(f"--seed-table {args.seed_table}: no holdout.json there; expected a held-out seed's --out folder")

@@ -142,7 +142,10 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args, named", [(["--min-measured-s", "-1"], "--min-measured-s -1"),
                                          (["--min-measured-s", "nan"], "--min-measured-s nan"),
-                                         (["--iters", "0"], "--iters 0")])
+                                         (["--iters", "0"], "--iters 0"),
+                                         (["--calibrate-bw", "1gbit,1000mbit"], "1000mbit names a rate given before"),
+                                         (["--calibrate-bw", "none,unshaped"], "unshaped names a rate given before"),
+                                         (["--calibrate-bw", "1gbit,0"], "--calibrate-bw")])
 def test_bad_input_is_one_line_and_exit_2(args, named, tmp_path):
     done = run_bench("--holdout", "99", "--out", str(tmp_path / "w"), *args)
     assert done.returncode == 2
