@@ -3,7 +3,7 @@
 # working session, and the machine a session runs on is fresh each time, so a seed's progress lives in the repository
 # between sittings, as bench/holdout_runs/seed<SEED>.tar.xz (its --out folder: plan, calibrations, profiles, trials).
 #
-#   bench/holdout_sitting.sh SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [-- BENCH_ARGS...]
+#   bench/holdout_sitting.sh SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [--machine ID] [-- BENCH_ARGS...]
 #
 # - unpacks the seed's stored progress (from --store, default bench/holdout_runs) into DIR/seed<SEED> (default DIR:
 #   /var/tmp/gc-holdout) unless it is there; a folder that is there must be the one the archive was packed from (its
@@ -11,6 +11,13 @@
 #   committed from another machine's sitting would otherwise lose to an older folder here;
 # - runs the bench from a clone of this repository at the commit the model was frozen at (the plan's, or HEAD for a
 #   seed's first sitting), with PYTHONPATH set to the clone: the frozen model, not the checkout's, is what is judged;
+# - one machine per configuration: its calibrations, profiles and trials are compared with each other, so they must
+#   come from one machine (seed 4's configuration 5, begun in one session and resumed in the next, on a fresh machine,
+#   read 898 and 846 ms of forward + backward a profile launch on the first and 581 and 582 on the second). Each
+#   configuration's folder is stamped with the machine that began it (DIR/seed<SEED>/config<N>/machine: this boot's
+#   /proc/sys/kernel/random/boot_id, or --machine ID); an unfinished one stamped otherwise, or not at all, is set
+#   aside (DIR/seed<SEED>/set-aside/config<N>-<TIME>, its log beside it) and runs again from the start. A finished
+#   configuration is never touched;
 # - after MINUTES sends SIGINT to the bench's process group (the trial in flight is lost, its cluster taken down);
 # - packs the progress back into the archive, and once the seed is finished copies its ledger line into
 #   --ledger (default bench/holdout_results.jsonl). Commit both.
@@ -19,24 +26,27 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 die() { echo "holdout_sitting.sh: $*" >&2; exit 2; }
-[ $# -ge 2 ] || die "expected SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [-- BENCH_ARGS...]"
+[ $# -ge 2 ] || die "expected SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [--machine ID] [-- BENCH_ARGS...]"
 SEED=$1 MINUTES=$2
 shift 2
 [[ $SEED =~ ^[0-9]{1,9}$ ]] || die "SEED '$SEED': expected a non-negative integer"
 [[ $MINUTES =~ ^[0-9]{1,4}$ ]] && [ "$MINUTES" -ge 1 ] || die "MINUTES '$MINUTES': expected an integer 1-9999"
-DIR=/var/tmp/gc-holdout STORE=$REPO/bench/holdout_runs LEDGER=$REPO/bench/holdout_results.jsonl
+DIR=/var/tmp/gc-holdout STORE=$REPO/bench/holdout_runs LEDGER=$REPO/bench/holdout_results.jsonl MACHINE=
 while [ $# -gt 0 ]; do
   case $1 in
     --dir) [ $# -ge 2 ] || die "--dir: expected a folder"; DIR=$2; shift 2 ;;
     --store) [ $# -ge 2 ] || die "--store: expected a folder"; STORE=$2; shift 2 ;;
     --ledger) [ $# -ge 2 ] || die "--ledger: expected a file"; LEDGER=$2; shift 2 ;;
+    --machine) [ $# -ge 2 ] || die "--machine: expected an ID"; MACHINE=$2; shift 2 ;;
     --) shift; break ;;
-    *) die "'$1': expected --dir DIR, --store DIR, --ledger FILE or -- BENCH_ARGS..." ;;
+    *) die "'$1': expected --dir DIR, --store DIR, --ledger FILE, --machine ID or -- BENCH_ARGS..." ;;
   esac
 done
 [[ $DIR = /* ]] || die "--dir '$DIR': expected an absolute path"
 [[ $STORE = /* ]] || die "--store '$STORE': expected an absolute path"
 [[ $LEDGER = /* ]] || die "--ledger '$LEDGER': expected an absolute path"
+[ -n "$MACHINE" ] || MACHINE=$(cat /proc/sys/kernel/random/boot_id)
+[[ $MACHINE =~ ^[A-Za-z0-9-]{1,64}$ ]] || die "--machine '$MACHINE': expected 1-64 letters, digits or dashes"
 ARCHIVE=$STORE/seed$SEED.tar.xz
 WORK=$DIR/seed$SEED CLONE=$DIR/clone$SEED
 PY=$REPO/.venv/bin/python
@@ -68,6 +78,18 @@ fi
 git -C "$CLONE" checkout -q "$COMMIT"
 mkdir -p "$WORK"
 printf '%s\n' "${ARGS[@]}" > "$WORK/sitting-args"
+# one machine per configuration (see above): an unfinished configuration begun elsewhere runs again from the start
+declare -A FOUND=()  # the configurations there before this sitting (one begun here is stamped at its end)
+for d in "$WORK"/config[0-9]*; do
+  [ -d "$d" ] || continue
+  BEGUN=$(cat "$d/machine" 2>/dev/null || echo "an unknown machine")
+  if [ -f "$d/report/prediction_error.csv" ] || [ "$BEGUN" = "$MACHINE" ]; then FOUND[$d]=1; continue; fi
+  ASIDE=$WORK/set-aside/${d##*/}-$(date -u +%Y%m%dT%H%M%SZ)
+  mkdir -p "$WORK/set-aside"
+  mv "$d" "$ASIDE"
+  if [ -f "$d.md" ]; then mv "$d.md" "$ASIDE.md"; fi
+  echo "${d##*/} was begun on $BEGUN, not this one ($MACHINE): set aside in $ASIDE; it runs again from the start"
+done
 
 # timeout runs the bench in a process group of its own and at the deadline sends SIGINT to all of it, as a terminal's
 # Ctrl-C would; a SIGINT or SIGTERM here is passed on to it the same way
@@ -80,6 +102,9 @@ rc=0
 wait "$BENCH" || rc=$?
 while kill -0 "$BENCH" 2>/dev/null; do wait "$BENCH" || rc=$?; done  # a trapped signal ends the first wait early
 
+for d in "$WORK"/config[0-9]*; do  # the configurations this sitting began: stamped with this machine
+  if [ -d "$d" ] && [ -z "${FOUND[$d]:-}" ]; then echo "$MACHINE" > "$d/machine"; fi
+done
 mkdir -p "$(dirname "$ARCHIVE")"
 echo "$(date -u +%FT%TZ) $(hostname) $$" > "$WORK/packed"  # which packing this folder and the archive are
 tar -cJf "$ARCHIVE.part" -C "$DIR" "seed$SEED" && mv "$ARCHIVE.part" "$ARCHIVE"

@@ -318,6 +318,64 @@ def test_a_sitting_resumes_a_stored_seed_from_a_clone_at_its_commit_and_stores_i
     assert (tmp_path / "d" / f"seed{seed}" / "packed").read_text() == stamp
 
 
+# a stand-in for the frozen clone's bench: begins configuration 5 (its folder, as the bench makes it) and ends
+_FAKE_BENCH = """import sys
+from pathlib import Path
+out = Path(sys.argv[sys.argv.index("--out") + 1])
+(out / "config5" / "profiles").mkdir(parents=True)
+print("configuration 5: running")
+"""
+
+
+def test_one_machine_per_configuration_an_unfinished_one_begun_elsewhere_is_set_aside_and_runs_again(tmp_path):
+    """A configuration's calibrations, profiles and trials are compared with each other, so they come from one machine
+    (seed 4's configuration 5, resumed on the next session's machine: 898 and 846 ms a profile launch there, 581 and
+    582 here). The sitting sets aside an unfinished configuration begun on another machine, or on one it cannot
+    name, with its log; resumes one begun on this machine; never touches a finished one; and stamps the
+    configurations it begins with this machine. The bench is a stand-in, in a clone at the plan's commit."""
+    import tarfile
+
+    seed = 424243
+    work, clone, store, ledger = (tmp_path / "d" / f"seed{seed}", tmp_path / "d" / f"clone{seed}", tmp_path / "s",
+                                  tmp_path / "ledger.jsonl")  # fmt: skip
+    (clone / "bench").mkdir(parents=True)
+    (clone / "bench" / "model_accuracy.py").write_text(_FAKE_BENCH)
+    git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "stand-in bench"]):
+        subprocess.run([*git, *argv], check=True, capture_output=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    work.mkdir(parents=True)
+    (work / "holdout.json").write_text(json.dumps({"seed": seed, "commit": commit}))
+    (work / "sitting-args").write_text("--configs\n4\n")
+    finished_config(work / "config1", "syncsgd,unshaped,compute,-2.0\n", ["agrees"])  # finished, never stamped
+    for n, stamp in ((2, "m-old"), (3, "m-here"), (4, None)):
+        (work / f"config{n}" / "profiles").mkdir(parents=True)
+        (work / f"config{n}.md").write_text(f"configuration {n}, an earlier sitting\n")
+        if stamp:
+            (work / f"config{n}" / "machine").write_text(stamp + "\n")
+
+    done = sitting(str(seed), "5", "--dir", str(tmp_path / "d"), "--store", str(store), "--ledger", str(ledger),
+                   "--machine", "m-here")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    aside = {p.name.split("-")[0]: p for p in (work / "set-aside").iterdir() if p.is_dir()}
+    assert sorted(aside) == ["config2", "config4"]
+    assert (aside["config2"] / "machine").read_text() == "m-old\n" and (aside["config4"] / "profiles").is_dir()
+    assert Path(f"{aside['config2']}.md").read_text() == "configuration 2, an earlier sitting\n"
+    assert not (work / "config2").exists() and not (work / "config2.md").exists() and not (work / "config4").exists()
+    assert "config2 was begun on m-old, not this one (m-here): set aside in" in done.stdout
+    assert "config4 was begun on an unknown machine, not this one (m-here)" in done.stdout
+    # resumed here, untouched, and begun here (stamped)
+    assert (work / "config3" / "machine").read_text() == "m-here\n" and (work / "config3.md").is_file()
+    assert not (work / "config1" / "machine").exists()
+    assert (work / "config5" / "machine").read_text() == "m-here\n"
+    with tarfile.open(store / f"seed{seed}.tar.xz") as tar:
+        names = tar.getnames()
+    assert f"seed{seed}/config5/machine" in names and f"seed{seed}/set-aside/{aside['config2'].name}/machine" in names
+    # a --machine that is not an ID: one line, exit 2
+    done = sitting(str(seed), "5", "--dir", str(tmp_path / "d"), "--store", str(store), "--machine", "a b")
+    assert done.returncode == 2 and "--machine 'a b'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def test_a_fast_co_located_profile_is_launched_again_until_its_steps_last_the_time(tmp_path, monkeypatch):
     # seed 2, configuration 6: cnn bs16 on 4 ranks, one launch's 40 steps ~1 s by the estimate, its floors 5-8 %
     # apart from launch to launch
