@@ -8,6 +8,7 @@ judged on a new seed; docs/performance-model.md, "Held-out validation").
     python bench/rescore_seed.py DIR                       # every finished configuration, every launch pooled
     python bench/rescore_seed.py DIR --launches '*-rep2*'  # only the second repetition's profile launches
     python bench/rescore_seed.py DIR --configs 7 --rows    # one configuration, every setting
+    python bench/rescore_seed.py DIR --without acpsgd     # every setting but ACP-SGD's
 
 DIR is a seed's --out folder (e.g. unpacked from bench/holdout_runs/seed<SEED>.tar.xz). With PYTHONPATH set to a
 clone at another commit (the seed's frozen one: `git clone . /tmp/c && git -C /tmp/c checkout COMMIT`), that model
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="glob of the profile launch folders to pool (default: every one, as the bench does)")  # fmt: skip
     ap.add_argument("--configs", default="", help="comma-separated configuration numbers (default: every finished one)")
     ap.add_argument("--rows", action="store_true", help="print every setting's measured and predicted time")
+    ap.add_argument("--without", default="", help="comma-separated compressors whose settings are left out")
     args = ap.parse_args(argv)
     try:
         wanted = {int(x) for x in args.configs.split(",") if x.strip()} or None
@@ -76,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if errors is None:
             print(f"{config.name}: no profile launch matches {args.launches!r}")
             continue
+        errors = errors[~errors["compressor"].isin(args.without.split(","))]
         err = errors["error_pct"].abs()
         every += list(err)
         print(f"{config.name}: {len(err)} predictions, median |error| {err.median():.1f} %, worst {err.max():.1f} %")

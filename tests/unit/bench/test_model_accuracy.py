@@ -431,6 +431,8 @@ def test_rescore_scores_a_stored_configuration_per_launch_subset(tmp_path):
         assert one.returncode == 0, one.stderr
         medians.add(next(x for x in one.stdout.splitlines() if x.startswith("config8:")))
     assert len(medians) == 2  # the two repetitions' profiles differ, and so do their scores
+    without = rescore(seed, "--without", "mstopk,fp16", "--rows")  # seed 2's configuration 8: 4 rates, 4 compressors
+    assert "config8: 8 predictions" in without.stdout and "mstopk" not in without.stdout, without.stdout
     none = rescore(seed, "--launches", "*-rep9")
     assert none.returncode == 0 and "config8: no profile launch matches '*-rep9'" in none.stdout
 
