@@ -413,6 +413,7 @@ class ProfileArgs:
     lockstep_rank: int | None = None
     lockstep_world: int = 0
     init_method: str = ""
+    lockstep_codecs_only: bool = False  # the compressors in place alone, no compute (testbed.modelling.measure_lockstep)
 
     def to_argv(self) -> list[str]:
         argv = ["--model", self.model, "--batch-size", str(self.batch_size), "--compressors", ",".join(self.compressors),
@@ -429,6 +430,8 @@ class ProfileArgs:
             argv += ["--options-json", json.dumps(self.options)]
         if self.lockstep_rank is not None:
             argv += ["--lockstep-rank", str(self.lockstep_rank)]
+        if self.lockstep_codecs_only:
+            argv += ["--lockstep-codecs-only"]
         return argv
 
     @classmethod
@@ -451,6 +454,8 @@ class ProfileArgs:
         p.add_argument("--lockstep-rank", type=int, default=None, help="this process's rank of a co-located profile")
         p.add_argument("--lockstep-world", type=int, default=0, help="processes of the co-located profile")
         p.add_argument("--init-method", default="", help="the co-located profile's rendezvous (file://PATH)")
+        p.add_argument("--lockstep-codecs-only", action="store_true",
+                       help="co-located profile: the compressors in place alone, without the compute phase")  # fmt: skip
         ns = p.parse_args(argv)
         options: dict[str, dict[str, Any]] = {}
         for item in ns.opt:
@@ -468,7 +473,7 @@ class ProfileArgs:
                    compressors=tuple(n for n in ns.compressors.split(",") if n), options=options, iters=ns.iters,
                    bucket_cap_mb=ns.bucket_cap_mb, threads=ns.threads, device=ns.device, image_size=ns.image_size,
                    seq_len=ns.seq_len, lockstep_rank=ns.lockstep_rank, lockstep_world=ns.lockstep_world,
-                   init_method=ns.init_method)  # fmt: skip
+                   init_method=ns.init_method, lockstep_codecs_only=ns.lockstep_codecs_only)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

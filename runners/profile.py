@@ -338,6 +338,7 @@ def lockstep(
     device: str = "cpu",
     timeout_s: float = 300.0,
     local_codecs: bool | None = None,
+    compute: bool = True,
 ) -> dict | None:
     """One of `world_size` co-located processes measuring together as the ranks of a trial on this machine run
     (`testbed profile --colocated N` starts them): returns, on rank 0, what they measured (None on the others).
@@ -354,14 +355,20 @@ def lockstep(
     (``runners.train.step_phases``), the median over ranks and steps, and ``step_s``, the median over steps of the
     slowest rank's step (a trial's iteration time) (``codecs``: name -> phase -> seconds;
     testbed.modelling.merge_lockstep turns them into the profile's encode / decode and its floors). Payload bytes and
-    rounds are not measured here (the solo profile has them)."""
+    rounds are not measured here (the solo profile has them).
+    `compute` False: the codecs alone (no compute keys in the result). Whatever was measured, ``pids`` lists the
+    processes that measured it: testbed.modelling.measure_lockstep measures the compute and each compressor in
+    processes of their own, as a trial's fresh ranks run them (a process that has trained before runs ACP-SGD's step
+    faster, see there)."""
     states = _validate(model, batch_size, compressors, iters, bucket_cap_mb, options or {}, device)
     dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))  # fmt: skip
     try:
         own = [dist.new_group([r]) for r in range(world_size)][rank]  # every rank creates every group
-        compute = _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, own)
+        mine = None
+        if compute:
+            mine = _lockstep_compute(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev, own)
         codecs = {}
         local = dev.type == "cuda" if local_codecs is None else local_codecs
         for name in compressors:
@@ -374,14 +381,12 @@ def lockstep(
                     codecs[name] = _lockstep_codec(model, batch_size, image_size, seq_len, iters, bucket_cap_mb, dev,
                                                    state, hook, own_group=own)  # fmt: skip
         gathered: list = [None] * world_size
-        dist.all_gather_object(gathered, {"compute": compute, "codecs": codecs})
+        dist.all_gather_object(gathered, {"compute": mine, "codecs": codecs, "pid": os.getpid()})
         dist.barrier()
     finally:
         dist.destroy_process_group()
     if rank != 0:
         return None
-    mine = gathered[0]["compute"]
-    skew = lockstep_skew([g["compute"]["step_s"] for g in gathered])
     out_codecs = {
         name: {
             **{k: statistics.median(x for g in gathered for x in g["codecs"][name][k]) for k in PHASES},
@@ -389,15 +394,19 @@ def lockstep(
         }
         for name in codecs
     }
+    out = {"world_size": world_size, "codecs": out_codecs, "pids": [g["pid"] for g in gathered]}
+    if not compute:
+        return out
+    mine = gathered[0]["compute"]
+    skew = lockstep_skew([g["compute"]["step_s"] for g in gathered])
     return {
-        "world_size": world_size,
+        **out,
         "forward_s": statistics.median(mine["forward_s"]),
         "backward_s": statistics.median(mine["backward_s"]),
         "optimizer_s": statistics.median(mine["optimizer_s"]),
         "compute_jitter_s": robust_sd(mine["step_s"]),
         "ready_at_s": {index: statistics.median(ts) for index, ts in mine["ready_at_s"].items()},
         "skew_s": skew,
-        "codecs": out_codecs,
     }
 
 
@@ -491,7 +500,8 @@ def main(argv=None) -> int:
             result = lockstep(args.model, args.batch_size, names, rank=args.lockstep_rank,
                               world_size=args.lockstep_world, init_method=args.init_method,
                               image_size=args.image_size, seq_len=args.seq_len, iters=args.iters,
-                              bucket_cap_mb=args.bucket_cap_mb, options=options, device=args.device)  # fmt: skip
+                              bucket_cap_mb=args.bucket_cap_mb, options=options, device=args.device,
+                              compute=not args.lockstep_codecs_only)  # fmt: skip
             if result is not None:
                 atomic_write(args.out, json.dumps(result, indent=2) + "\n")
             return 0

@@ -105,10 +105,38 @@ def measure_lockstep(
     timeout_s: float = 1800.0,
 ) -> dict:
     """Run `ranks` processes of ``python -m runners.profile --lockstep-rank`` (a gloo group on a file store in a
-    temporary folder) and return what rank 0 measured (runners.profile.lockstep). Each process is ended by its
-    process group if it is still there when this returns or fails."""
+    temporary folder) and return what rank 0 measured (runners.profile.lockstep), the compute in one launch and each
+    compressor in a launch of its own (``pids``: part -> the processes that measured it): in place, each is the first
+    model its processes train, as in a trial's fresh ranks. A process that has trained a model before runs ACP-SGD
+    faster: 4 co-located resnet18 bs8 ranks, its backward about 40 ms shorter after the compute phase than in fresh
+    processes (the first model's backward faulting in about 13,700 pages, 53 MB, each step, a later model's about 2),
+    so measured after the compute its floors fell 12-16 % under its trials (seed 4, docs/performance-model.md).
+    Each process is ended by its process group if it is still there when this returns or fails; `timeout_s` bounds
+    the launches together."""
     import time
 
+    deadline = time.monotonic() + timeout_s
+    parts = [("compute", [], False)] + [(name, [name], True) for name in names]
+    result: dict = {}
+    codecs: dict = {}
+    pids: dict = {}
+    for part, part_names, codecs_only in parts:
+        got = _lockstep_launch(ranks, model, batch_size, part_names, options, image_size=image_size, seq_len=seq_len,
+                               iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads, device=device,
+                               plugin_path=plugin_path, codecs_only=codecs_only, deadline=deadline,
+                               timeout_s=timeout_s)  # fmt: skip
+        pids[part] = got.pop("pids", [])
+        codecs.update(got.pop("codecs", {}))
+        if not codecs_only:
+            result = got
+    return {**result, "codecs": codecs, "pids": pids}
+
+
+def _lockstep_launch(ranks: int, model: str, batch_size: int, names: list[str],
+                     options: dict[str, dict[str, Any]] | None, *, image_size: int | None, seq_len: int | None,
+                     iters: int, bucket_cap_mb: float, threads: int, device: str, plugin_path: str | None,
+                     codecs_only: bool, deadline: float, timeout_s: float) -> dict:  # fmt: skip
+    """One launch of the co-located profile's processes (measure_lockstep): rank 0's result."""
     from runners.contract import ProfileArgs
     from testbed.ranks import THIS_MACHINE, Rank, running, watch
 
@@ -122,12 +150,13 @@ def measure_lockstep(
             args = ProfileArgs(model=model, batch_size=batch_size, out=str(out), compressors=tuple(names),
                                options=options or None, iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads,
                                device=device, image_size=image_size, seq_len=seq_len, lockstep_rank=r,
-                               lockstep_world=ranks, init_method=f"file://{tmp}/store")  # fmt: skip
+                               lockstep_world=ranks, init_method=f"file://{tmp}/store",
+                               lockstep_codecs_only=codecs_only)  # fmt: skip
             starts.append(Rank(THIS_MACHINE.host, [*plugins.python_argv("-m", "runners.profile"), *args.to_argv()],
                                env, Path(tmp) / f"rank{r}.log", Path(plugins.SAFE_CWD)))  # fmt: skip
         with running(THIS_MACHINE, starts) as procs:
             # until all are done or one failed: the others of a failed rank would wait for it in gloo for minutes
-            watched = watch(procs, deadline=time.monotonic() + timeout_s)
+            watched = watch(procs, deadline=deadline)
             if watched.timed_out:
                 raise TestbedError(f"the co-located profile's ranks did not finish within {timeout_s:.0f} s")
         texts = [(Path(tmp) / f"rank{r}.log").read_text(errors="replace").strip() for r in range(ranks)]

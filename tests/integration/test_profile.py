@@ -46,6 +46,20 @@ def test_colocated_profile_measures_in_lockstep_and_leaves_nothing_running(testb
     assert _lockstep_ranks(7) == [], "a lockstep rank outlived the profile"
 
 
+def test_the_compute_and_each_compressor_are_measured_in_processes_of_their_own():
+    """In place, each compressor is the first model its processes train, as in a trial's fresh ranks (a process that
+    trained before runs ACP-SGD's step faster: testbed.modelling.measure_lockstep)."""
+    from testbed.modelling import measure_lockstep
+
+    got = measure_lockstep(2, "mlp", 11, ["syncsgd", "topk"], None, image_size=None, seq_len=None, iters=1,
+                           bucket_cap_mb=25, threads=1, device="cpu", timeout_s=200)  # fmt: skip
+    assert sorted(got["codecs"]) == ["syncsgd", "topk"] and got["forward_s"] > 0
+    assert sorted(got["pids"]) == ["compute", "syncsgd", "topk"]
+    every = [pid for part in got["pids"].values() for pid in part]
+    assert len(every) == 6 and len(set(every)) == 6, got["pids"]  # 2 ranks each, none shared
+    assert _lockstep_ranks(11) == []
+
+
 def test_a_failing_lockstep_rank_is_reported_and_none_is_left():
     """A rank that cannot start (here: an unknown compressor) fails the measurement with its own message."""
     from testbed.errors import TestbedError

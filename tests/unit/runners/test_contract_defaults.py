@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from runners import catalog
-from runners.contract import DEFAULT_PROBE_S, TRAINING_DEFAULTS, CollBenchArgs, ContractError, RankArgs
+from runners.contract import DEFAULT_PROBE_S, TRAINING_DEFAULTS, CollBenchArgs, ContractError, ProfileArgs, RankArgs
 from testbed import perfmodel as pm
 from testbed.config import Trial
 
@@ -63,3 +63,12 @@ def test_collbench_args_carry_the_probe_length():
     for bad in ("0", "-1", "nan", "61"):
         with pytest.raises(ContractError, match="--probe-s"):
             CollBenchArgs.from_argv([*args.to_argv()[:-2], "--probe-s", bad])
+
+
+def test_profile_args_carry_a_codecs_only_lockstep_launch():
+    """measure_lockstep's per-compressor launches reach the processes as codecs only (no compute phase first)."""
+    args = ProfileArgs(model="mlp", batch_size=4, out="p.json", compressors=("acpsgd",), lockstep_rank=1,
+                       lockstep_world=2, init_method="file:///tmp/x/store", lockstep_codecs_only=True)  # fmt: skip
+    back = ProfileArgs.from_argv(args.to_argv())
+    assert back.lockstep_codecs_only and back.compressors == ("acpsgd",) and back.lockstep_rank == 1
+    assert not ProfileArgs.from_argv(dataclasses.replace(args, lockstep_codecs_only=False).to_argv()).lockstep_codecs_only
