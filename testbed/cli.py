@@ -78,8 +78,11 @@ def _tolerance(args: argparse.Namespace) -> float:
 
 
 def _add_tolerance_flag(p: argparse.ArgumentParser, what: str) -> None:
+    from testbed.probe import DEFAULT_TOLERANCE  # the default's one home (a few ms of imports, once a parser)
+
     p.add_argument("--tolerance", type=float, metavar="FRACTION",
-                   help=f"{what} when achieved / ideal goodput is below this (default 0.93; a busy machine may need less)")
+                   help=f"{what} when achieved / ideal goodput is below this (default {DEFAULT_TOLERANCE}; a busy "
+                   "machine may need less)")  # fmt: skip
 
 
 def cmd_up(args: argparse.Namespace) -> int:
