@@ -3,7 +3,8 @@
 # working session, and the machine a session runs on is fresh each time, so a seed's progress lives in the repository
 # between sittings, as bench/holdout_runs/seed<SEED>.tar.xz (its --out folder: plan, calibrations, profiles, trials).
 #
-#   bench/holdout_sitting.sh SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [--machine ID] [-- BENCH_ARGS...]
+#   bench/holdout_sitting.sh SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [--machine ID] [--slack PCT]
+#                            [-- BENCH_ARGS...]
 #
 # - unpacks the seed's stored progress (from --store, default bench/holdout_runs) into DIR/seed<SEED> (default DIR:
 #   /var/tmp/gc-holdout) unless it is there; a folder that is there must be the one the archive was packed from (its
@@ -19,6 +20,10 @@
 #   aside (DIR/seed<SEED>/set-aside/config<N>-<TIME>, its log beside it) and runs again from the start. A finished
 #   configuration is never touched;
 # - after MINUTES sends SIGINT to the bench's process group (the trial in flight is lost, its cluster taken down);
+#   and sooner, at a configuration's start, when the plan's estimate of it times --slack PCT (default 150: seed 4's
+#   configurations took 1.2-1.45 times their estimates) is more than the minutes left: a configuration cut off would be
+#   set aside by the next sitting, on the next machine, and its part lost. The configuration stopped at its start is
+#   removed (seconds of it had run);
 # - packs the progress back into the archive, and once the seed is finished copies its ledger line into
 #   --ledger (default bench/holdout_results.jsonl). Commit both.
 # BENCH_ARGS (e.g. --configs 7 --with-issue-config --iters 6 --repeats 2 --min-measured-s 8) are needed on the first
@@ -26,25 +31,27 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 die() { echo "holdout_sitting.sh: $*" >&2; exit 2; }
-[ $# -ge 2 ] || die "expected SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [--machine ID] [-- BENCH_ARGS...]"
+[ $# -ge 2 ] || die "expected SEED MINUTES [--dir DIR] [--store DIR] [--ledger FILE] [--machine ID] [--slack PCT] [-- BENCH_ARGS...]"
 SEED=$1 MINUTES=$2
 shift 2
 [[ $SEED =~ ^[0-9]{1,9}$ ]] || die "SEED '$SEED': expected a non-negative integer"
 [[ $MINUTES =~ ^[0-9]{1,4}$ ]] && [ "$MINUTES" -ge 1 ] || die "MINUTES '$MINUTES': expected an integer 1-9999"
-DIR=/var/tmp/gc-holdout STORE=$REPO/bench/holdout_runs LEDGER=$REPO/bench/holdout_results.jsonl MACHINE=
+DIR=/var/tmp/gc-holdout STORE=$REPO/bench/holdout_runs LEDGER=$REPO/bench/holdout_results.jsonl MACHINE= SLACK=150
 while [ $# -gt 0 ]; do
   case $1 in
     --dir) [ $# -ge 2 ] || die "--dir: expected a folder"; DIR=$2; shift 2 ;;
     --store) [ $# -ge 2 ] || die "--store: expected a folder"; STORE=$2; shift 2 ;;
     --ledger) [ $# -ge 2 ] || die "--ledger: expected a file"; LEDGER=$2; shift 2 ;;
     --machine) [ $# -ge 2 ] || die "--machine: expected an ID"; MACHINE=$2; shift 2 ;;
+    --slack) [ $# -ge 2 ] || die "--slack: expected a percentage"; SLACK=$2; shift 2 ;;
     --) shift; break ;;
-    *) die "'$1': expected --dir DIR, --store DIR, --ledger FILE, --machine ID or -- BENCH_ARGS..." ;;
+    *) die "'$1': expected --dir DIR, --store DIR, --ledger FILE, --machine ID, --slack PCT or -- BENCH_ARGS..." ;;
   esac
 done
 [[ $DIR = /* ]] || die "--dir '$DIR': expected an absolute path"
 [[ $STORE = /* ]] || die "--store '$STORE': expected an absolute path"
 [[ $LEDGER = /* ]] || die "--ledger '$LEDGER': expected an absolute path"
+[[ $SLACK =~ ^[0-9]{1,4}$ ]] && [ "$SLACK" -ge 1 ] || die "--slack '$SLACK': expected a percentage 1-9999 (150: 1.5 times the estimate)"
 [ -n "$MACHINE" ] || MACHINE=$(cat /proc/sys/kernel/random/boot_id)
 [[ $MACHINE =~ ^[A-Za-z0-9-]{1,64}$ ]] || die "--machine '$MACHINE': expected 1-64 letters, digits or dashes"
 ARCHIVE=$STORE/seed$SEED.tar.xz
@@ -91,16 +98,64 @@ for d in "$WORK"/config[0-9]*; do
   echo "${d##*/} was begun on $BEGUN, not this one ($MACHINE): set aside in $ASIDE; it runs again from the start"
 done
 
+# the plan's estimate of configuration $1 in seconds, from the frozen clone's bench (nothing when it has none)
+estimate_s() {
+  (cd "$CLONE" && PYTHONPATH="$CLONE" "$PY" - "$WORK/holdout.json" "$1" 2>/dev/null <<'EOF'
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("model_accuracy", "bench/model_accuracy.py")
+ma = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ma)
+p = json.load(open(sys.argv[1]))
+c = p["configs"][int(sys.argv[2]) - 1]
+print(round(ma.estimate_wall_s(c, p["iters"], p["repeats"], p["warmup_iters"], p["min_measured_s"])))
+EOF
+  ) || true
+}
+# stop at a configuration's start (its log, config<N>.md, appears) when it would not finish before the deadline
+watch_starts() {
+  local md n est left
+  declare -A seen=()
+  for md in "$WORK"/config[0-9]*.md; do seen[$md]=1; done  # begun before this sitting: resumed, not judged
+  while kill -0 "$BENCH" 2>/dev/null; do
+    for md in "$WORK"/config[0-9]*.md; do
+      [ -f "$md" ] && [ -z "${seen[$md]:-}" ] || continue
+      seen[$md]=1
+      n=${md##*/config}; n=${n%.md}
+      est=$(estimate_s "$n")
+      [[ $est =~ ^[0-9]+$ ]] || continue
+      left=$(( DEADLINE - $(date +%s) ))
+      if [ $(( est * SLACK / 100 )) -gt "$left" ]; then
+        echo "holdout_sitting.sh: configuration $n is estimated at $(( est / 60 )) min (x$SLACK %), and $(( left / 60 )) min are left: stopping before it"
+        echo "$n" > "$WORK/.stopped-before"
+        kill -INT "$BENCH" 2>/dev/null || true
+        return
+      fi
+    done
+    read -rt 5 <> <(:) || true  # poll every 5 s (read's own timeout: no sleep child left behind)
+  done
+}
+
 # timeout runs the bench in a process group of its own and at the deadline sends SIGINT to all of it, as a terminal's
 # Ctrl-C would; a SIGINT or SIGTERM here is passed on to it the same way
 cd "$CLONE"
+rm -f "$WORK/.stopped-before"
+DEADLINE=$(( $(date +%s) + MINUTES * 60 ))
 timeout -s INT "${MINUTES}m" env PYTHONPATH="$CLONE" "$PY" bench/model_accuracy.py --holdout "$SEED" "${ARGS[@]}" \
   --out "$WORK" &
 BENCH=$!
+watch_starts &
+WATCHER=$!
 trap 'kill -INT "$BENCH" 2>/dev/null || true' INT TERM
 rc=0
 wait "$BENCH" || rc=$?
 while kill -0 "$BENCH" 2>/dev/null; do wait "$BENCH" || rc=$?; done  # a trapped signal ends the first wait early
+kill "$WATCHER" 2>/dev/null || true
+wait "$WATCHER" 2>/dev/null || true
+if [ -f "$WORK/.stopped-before" ]; then  # stopped at its start: seconds of it ran; the next sitting runs it whole
+  n=$(cat "$WORK/.stopped-before")
+  rm -rf "$WORK/config$n" "$WORK/config$n.md" "$WORK/.stopped-before"
+  echo "configuration $n: not begun in this sitting (removed); the next sitting runs it"
+fi
 
 for d in "$WORK"/config[0-9]*; do  # the configurations this sitting began: stamped with this machine
   if [ -d "$d" ] && [ -z "${FOUND[$d]:-}" ]; then echo "$MACHINE" > "$d/machine"; fi

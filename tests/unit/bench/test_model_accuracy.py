@@ -376,6 +376,56 @@ def test_one_machine_per_configuration_an_unfinished_one_begun_elsewhere_is_set_
     assert done.returncode == 2 and "--machine 'a b'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+# a stand-in for a frozen clone's bench whose plan estimates every configuration at 2 h: it begins configuration 1 (its
+# folder and its log, as the bench makes them) and runs until SIGINT
+_SLOW_BENCH = """import signal, sys
+from pathlib import Path
+
+
+def estimate_wall_s(cfg, iters, repeats, warmup, min_measured_s=0.0):
+    return 7200.0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+    out = Path(sys.argv[sys.argv.index("--out") + 1])
+    (out / "config1" / "profiles").mkdir(parents=True)
+    (out / "config1.md").write_text("configuration 1, begun\\n")
+    print("configuration 1: running", flush=True)
+    while True:
+        signal.pause()
+"""
+
+
+def test_a_sitting_stops_at_a_configurations_start_when_it_would_not_finish_in_the_time_left(tmp_path):
+    """A configuration cut off by a sitting's deadline is set aside by the next sitting (one machine per
+    configuration), so its part is lost: a sitting stops before a configuration whose estimate, times --slack, is more
+    than the minutes left, and removes the seconds of it that ran. Here 2 h x 1.5 against 5 minutes: stopped at once
+    (were it not, the sitting would run to its 5-minute deadline and this test's 300 s timeout)."""
+    seed = 424244
+    work, clone, store = tmp_path / "d" / f"seed{seed}", tmp_path / "d" / f"clone{seed}", tmp_path / "s"
+    (clone / "bench").mkdir(parents=True)
+    (clone / "bench" / "model_accuracy.py").write_text(_SLOW_BENCH)
+    git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "stand-in bench"]):
+        subprocess.run([*git, *argv], check=True, capture_output=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    work.mkdir(parents=True)
+    (work / "holdout.json").write_text(json.dumps({"seed": seed, "commit": commit, "configs": [FAST], "iters": 6,
+                                                   "repeats": 2, "warmup_iters": 5, "min_measured_s": 8.0}))
+    (work / "sitting-args").write_text("--configs\n1\n")
+    done = sitting(str(seed), "5", "--dir", str(tmp_path / "d"), "--store", str(store), "--ledger",
+                   str(tmp_path / "ledger.jsonl"), "--machine", "m-here")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "configuration 1 is estimated at 120 min (x150 %), and 4 min are left: stopping before it" in done.stdout
+    assert "configuration 1: not begun in this sitting (removed)" in done.stdout
+    assert not (work / "config1").exists() and not (work / "config1.md").exists()
+    assert not (work / ".stopped-before").exists() and (store / f"seed{seed}.tar.xz").is_file()
+    # --slack is a percentage: anything else is one line, exit 2
+    bad = sitting(str(seed), "5", "--dir", str(tmp_path / "d"), "--store", str(store), "--slack", "1.5")
+    assert bad.returncode == 2 and "--slack '1.5'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_a_fast_co_located_profile_is_launched_again_until_its_steps_last_the_time(tmp_path, monkeypatch):
     # seed 2, configuration 6: cnn bs16 on 4 ranks, one launch's 40 steps ~1 s by the estimate, its floors 5-8 %
     # apart from launch to launch
