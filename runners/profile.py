@@ -12,6 +12,8 @@ CLI: ``python -m runners.profile --model resnet18 --batch-size 32 --compressors 
 ``python -m runners.profile --lockstep-rank R --lockstep-world N --init-method file://PATH ...``: one of the N
 processes of a co-located profile (`testbed profile --colocated N` starts them; ``lockstep``): compute in lockstep
 and each compressor's encode / decode measured in place while every process trains with it; rank 0 writes --out.
+testbed.modelling.measure_lockstep launches the compute and each compressor in processes of their own
+(``--lockstep-codecs-only``): each the first model its processes train, as in a trial's fresh ranks.
 On CUDA the codecs in place run inside backward as a GPU trial runs them, their collectives the identity of one rank
 (gloo's collectives on CUDA tensors are not what a GPU trial runs): the solo profile's codec times, taken with the GPU
 otherwise idle, counted the gaps while the CPU launched PowerSGD's small kernels (45 ms against 15-19 ms in a trial's
