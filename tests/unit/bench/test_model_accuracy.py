@@ -318,6 +318,16 @@ def test_a_sitting_resumes_a_stored_seed_from_a_clone_at_its_commit_and_stores_i
     assert (tmp_path / "d" / f"seed{seed}" / "packed").read_text() == stamp
 
 
+def _stand_in_clone(clone: Path, bench: str) -> str:
+    """A git repository at `clone` whose bench/model_accuracy.py is `bench` (a frozen clone's stand-in): its commit."""
+    (clone / "bench").mkdir(parents=True)
+    (clone / "bench" / "model_accuracy.py").write_text(bench)
+    git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "stand-in bench"]):
+        subprocess.run([*git, *argv], check=True, capture_output=True)
+    return subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
 # a stand-in for the frozen clone's bench: begins configuration 5 (its folder, as the bench makes it) and ends
 _FAKE_BENCH = """import sys
 from pathlib import Path
@@ -338,12 +348,7 @@ def test_one_machine_per_configuration_an_unfinished_one_begun_elsewhere_is_set_
     seed = 424243
     work, clone, store, ledger = (tmp_path / "d" / f"seed{seed}", tmp_path / "d" / f"clone{seed}", tmp_path / "s",
                                   tmp_path / "ledger.jsonl")  # fmt: skip
-    (clone / "bench").mkdir(parents=True)
-    (clone / "bench" / "model_accuracy.py").write_text(_FAKE_BENCH)
-    git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@t"]
-    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "stand-in bench"]):
-        subprocess.run([*git, *argv], check=True, capture_output=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = _stand_in_clone(clone, _FAKE_BENCH)
     work.mkdir(parents=True)
     (work / "holdout.json").write_text(json.dumps({"seed": seed, "commit": commit}))
     (work / "sitting-args").write_text("--configs\n4\n")
@@ -404,12 +409,7 @@ def test_a_sitting_stops_at_a_configurations_start_when_it_would_not_finish_in_t
     (were it not, the sitting would run to its 5-minute deadline and this test's 300 s timeout)."""
     seed = 424244
     work, clone, store = tmp_path / "d" / f"seed{seed}", tmp_path / "d" / f"clone{seed}", tmp_path / "s"
-    (clone / "bench").mkdir(parents=True)
-    (clone / "bench" / "model_accuracy.py").write_text(_SLOW_BENCH)
-    git = ["git", "-C", str(clone), "-c", "user.name=t", "-c", "user.email=t@t"]
-    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "stand-in bench"]):
-        subprocess.run([*git, *argv], check=True, capture_output=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = _stand_in_clone(clone, _SLOW_BENCH)
     work.mkdir(parents=True)
     (work / "holdout.json").write_text(json.dumps({"seed": seed, "commit": commit, "configs": [FAST], "iters": 6,
                                                    "repeats": 2, "warmup_iters": 5, "min_measured_s": 8.0}))
