@@ -103,6 +103,7 @@ def measure_lockstep(
     device: str,
     plugin_path: str | None = None,
     timeout_s: float = 1800.0,
+    fresh: bool = True,
 ) -> dict:
     """Run `ranks` processes of ``python -m runners.profile --lockstep-rank`` (a gloo group on a file store in a
     temporary folder) and return what rank 0 measured (runners.profile.lockstep), the compute in one launch and each
@@ -111,12 +112,14 @@ def measure_lockstep(
     faster: 4 co-located resnet18 bs8 ranks, its backward about 40 ms shorter after the compute phase than in fresh
     processes (the first model's backward faulting in about 13,700 pages, 53 MB, each step, a later model's about 2),
     so measured after the compute its floors fell 12-16 % under its trials (seed 4, docs/performance-model.md).
-    Each process is ended by its process group if it is still there when this returns or fails; `timeout_s` bounds
-    the launches together."""
+    `fresh` False: one launch for everything, the compressors after the compute (as before 943e3ff; for comparison,
+    bench/floor_vs_trial.py --warm). Each process is ended by its process group if it is still there when this
+    returns or fails; `timeout_s` bounds the launches together."""
     import time
 
     deadline = time.monotonic() + timeout_s
-    parts = [("compute", [], False)] + [(name, [name], True) for name in names]
+    parts = ([("compute", [], False)] + [(name, [name], True) for name in names] if fresh
+             else [("all", list(names), False)])  # fmt: skip
     result: dict = {}
     codecs: dict = {}
     pids: dict = {}
