@@ -507,8 +507,13 @@ def config_score(out: Path) -> dict | None:
         gs = medians.get((r.compressor, rate), [])
         # its launches' own noise: for 2 launches |a - b| / 2 over their mean (None: launched once)
         settings.append((abs(float(r.error_pct)), str(r.bound_by), noise_floor_pct(gs)[0] if len(gs) == 1 else None))
+    signed = [float(e) for e in err["error_pct"]]
+    level = statistics.median(signed) if signed else 0.0
     return {"errors": [e for e, _, _ in settings], "verdicts": verdicts, "noise": noise(out / "results", medians),
-            "profiles": profile_spread_pct(out / "profiles"), "settings": settings}  # fmt: skip
+            "profiles": profile_spread_pct(out / "profiles"), "settings": settings,
+            # the configuration's level (its predictions' signed median error: what its one pooled profile and its
+            # trials' moment share), and each error about it (the shape of the configuration's curves)
+            "levels": [level] if signed else [], "about_level": [abs(e - level) for e in signed]}  # fmt: skip
 
 
 def pool_scores(scores: list[dict]) -> dict:
@@ -519,7 +524,8 @@ def pool_scores(scores: list[dict]) -> dict:
             noises.setdefault(k, []).extend(v)
     return {"errors": [e for sc in scores for e in sc["errors"]],
             "verdicts": [v for sc in scores for v in sc["verdicts"]], "noise": noises,
-            "settings": [x for sc in scores for x in sc["settings"]]}  # fmt: skip
+            "settings": [x for sc in scores for x in sc["settings"]],
+            **{k: [x for sc in scores for x in sc[k]] for k in ("levels", "about_level")}}  # fmt: skip
 
 
 def describe_config(c: dict) -> str:
@@ -529,9 +535,12 @@ def describe_config(c: dict) -> str:
 
 def seed_table(work: Path, scores: list[dict | None] | None = None) -> str:
     """A held-out seed's scores per configuration and over those finished, as Markdown: the model's median and worst
-    |error| beside what the measurement's noise would give an exact model, and the crossover verdicts; then where
-    the misses lie against each setting's own launches, and the profiles' spread. `scores`: per configuration of the
-    plan, `config_score`'s (None: not finished); read from `work` when not given."""
+    |error| beside what the measurement's noise would give an exact model, the configuration's level (its signed
+    median error: an offset its predictions share, from its one pooled profile against its trials' moment; the "all"
+    row gives the range) and the worst error about that level (what is left for the curves' shape), and the
+    crossover verdicts; then where the misses lie against each setting's own launches, and the profiles' spread.
+    `scores`: per configuration of the plan, `config_score`'s (None: not finished); read from `work` when not
+    given."""
     plan = json.loads((work / "holdout.json").read_text())
     if scores is None:
         scores = [config_score(work / f"config{i + 1}") for i in range(len(plan["configs"]))]
@@ -546,6 +555,9 @@ def seed_table(work: Path, scores: list[dict | None] | None = None) -> str:
                 "step sample SD (median)": pct(n["sampling_sd"], statistics.median),
                 "exact model: median": pct(n["noise_floor"], statistics.median),
                 "exact model: worst": pct(n["noise_floor"], max),
+                "level": " to ".join(dict.fromkeys(f"{x:+.1f} %" for x in (min(score["levels"]), max(score["levels"]))))
+                if score["levels"] else "-",
+                "worst about the level": pct(score["about_level"], max),
                 "verdicts": ", ".join(f"{v.count(k)} {k}" for k in sorted(set(v)))}  # fmt: skip
 
     rows = []

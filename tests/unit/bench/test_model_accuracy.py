@@ -184,6 +184,8 @@ def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp
                     "syncsgd,100mbit,floor,-30.0\n", ["agrees: never", "undecided: too wide", "agrees"])
     score = ma.config_score(tmp_path / "config1")
     assert score["errors"] == [2.0, 4.0, 30.0] and score["verdicts"] == ["agrees", "undecided", "agrees"]
+    # its level: the signed median (-2.0 of -2, +4, -30), and each error about it (0, 6, 28)
+    assert score["levels"] == [-2.0] and score["about_level"] == [0.0, 6.0, 28.0]
     assert ma.config_score(tmp_path / "config2") is None
     pooled = ma.pool_scores([score, score])
     assert pooled["errors"] == [2.0, 4.0, 30.0] * 2 and pooled["noise"]["launch_spread"] == pytest.approx([20.0] * 2)
@@ -191,8 +193,13 @@ def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp
     table = ma.seed_table(tmp_path)
     assert "Seed 9, the model frozen at abc123, 6 measured iterations (--min-measured-s 8), 2 repetitions" in table
     row1 = next(line for line in table.splitlines() if line.startswith("| 1 |"))
-    assert "| 3 | 4.0 % | 30.0 % | 20.0 % |" in row1 and "| 9.1 % | 9.1 % | 2 agrees, 1 undecided |" in row1
+    assert "| 3 | 4.0 % | 30.0 % | 20.0 % |" in row1 and "| 9.1 % | 9.1 % | -2.0 % | 28.0 % | 2 agrees, 1 undecided |" in row1
     assert "not run yet" in next(line for line in table.splitlines() if line.startswith("| 2 |"))
+    # over several configurations: the range of their levels, and the worst error about each one's own level
+    other = {**score, "levels": [3.0], "about_level": [1.0]}
+    assert ma.pool_scores([score, other])["about_level"] == [0.0, 6.0, 28.0, 1.0]
+    both = ma.seed_table(tmp_path, [score, other, None]).splitlines()
+    assert "| -2.0 % to +3.0 % | 28.0 % |" in next(line for line in both if line.startswith("| all |"))
     # a sitting's deadline ended configuration 2 after one calibration, one profile launch and one ok trial (a second
     # one was interrupted): the table says where it stands, against its plan (2 x 3 compressors x 3 rates)
     started = tmp_path / "config2"
