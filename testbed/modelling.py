@@ -12,15 +12,19 @@ import json
 import os
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shaping.files import atomic_write
 from testbed import perfmodel as pm
 from testbed import plugins
 from testbed.errors import InputError, TestbedError
+
+if TYPE_CHECKING:
+    from testbed.cluster.base import Host
+    from testbed.ranks import Starter
 
 Status = Callable[[str], AbstractContextManager[Any]]  # e.g. rich's Console.status: shown while measuring
 
@@ -104,6 +108,7 @@ def measure_lockstep(
     plugin_path: str | None = None,
     timeout_s: float = 1800.0,
     fresh: bool = True,
+    on: tuple[Starter, Sequence[Host]] | None = None,
 ) -> dict:
     """Run `ranks` processes of ``python -m runners.profile --lockstep-rank`` (a gloo group on a file store in a
     temporary folder) and return what rank 0 measured (runners.profile.lockstep), the compute in one launch and each
@@ -113,8 +118,13 @@ def measure_lockstep(
     processes (the first model's backward faulting in about 13,700 pages, 53 MB, each step, a later model's about 2),
     so measured after the compute its floors fell 12-16 % under its trials (seed 4, docs/performance-model.md).
     `fresh` False: one launch for everything, the compressors after the compute (as before 943e3ff; for comparison,
-    bench/floor_vs_trial.py --warm). Each process is ended by its process group if it is still there when this
-    returns or fails; `timeout_s` bounds the launches together."""
+    bench/floor_vs_trial.py --warm). `on` (a cluster and `ranks` of its hosts; default None: this machine, gloo on
+    loopback): rank r runs on host r, gloo on its data NIC, where a trial's ranks run (bench/floor_vs_trial.py
+    --namespaced: on the emulated cluster's veths and switch, 3 resnet18 bs16 ranks measured 1-2 % above loopback).
+    Each process is ended by its process group if it is still there when this returns or fails; `timeout_s` bounds
+    the launches together."""
+    if on is not None and len(on[1]) != ranks:
+        raise InputError(f"measure_lockstep: {len(on[1])} host(s) given for {ranks} ranks; expected one host a rank")
     import time
 
     deadline = time.monotonic() + timeout_s
@@ -127,7 +137,7 @@ def measure_lockstep(
         got = _lockstep_launch(ranks, model, batch_size, part_names, options, image_size=image_size, seq_len=seq_len,
                                iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads, device=device,
                                plugin_path=plugin_path, codecs_only=codecs_only, deadline=deadline,
-                               timeout_s=timeout_s)  # fmt: skip
+                               timeout_s=timeout_s, on=on)  # fmt: skip
         pids[part] = got.pop("pids", [])
         codecs.update(got.pop("codecs", {}))
         if not codecs_only:
@@ -138,7 +148,8 @@ def measure_lockstep(
 def _lockstep_launch(ranks: int, model: str, batch_size: int, names: list[str],
                      options: dict[str, dict[str, Any]] | None, *, image_size: int | None, seq_len: int | None,
                      iters: int, bucket_cap_mb: float, threads: int, device: str, plugin_path: str | None,
-                     codecs_only: bool, deadline: float, timeout_s: float) -> dict:  # fmt: skip
+                     codecs_only: bool, deadline: float, timeout_s: float,
+                     on: tuple[Starter, Sequence[Host]] | None = None) -> dict:  # fmt: skip
     """One launch of the co-located profile's processes (measure_lockstep): rank 0's result."""
     from runners.contract import ProfileArgs
     from testbed.ranks import THIS_MACHINE, Rank, running, watch
@@ -155,9 +166,12 @@ def _lockstep_launch(ranks: int, model: str, batch_size: int, names: list[str],
                                device=device, image_size=image_size, seq_len=seq_len, lockstep_rank=r,
                                lockstep_world=ranks, init_method=f"file://{tmp}/store",
                                lockstep_codecs_only=codecs_only)  # fmt: skip
-            starts.append(Rank(THIS_MACHINE.host, [*plugins.python_argv("-m", "runners.profile"), *args.to_argv()],
-                               env, Path(tmp) / f"rank{r}.log", Path(plugins.SAFE_CWD)))  # fmt: skip
-        with running(THIS_MACHINE, starts) as procs:
+            host = THIS_MACHINE.host if on is None else on[1][r]
+            # on a cluster's host: gloo on its data NIC (this machine's name resolves to no address in a namespace)
+            rank_env = env if on is None else {**env, "GLOO_SOCKET_IFNAME": host.data_iface}
+            starts.append(Rank(host, [*plugins.python_argv("-m", "runners.profile"), *args.to_argv()],
+                               rank_env, Path(tmp) / f"rank{r}.log", Path(plugins.SAFE_CWD)))  # fmt: skip
+        with running(THIS_MACHINE if on is None else on[0], starts) as procs:
             # until all are done or one failed: the others of a failed rank would wait for it in gloo for minutes
             watched = watch(procs, deadline=deadline)
             if watched.timed_out:

@@ -69,3 +69,25 @@ def test_a_failing_lockstep_rank_is_reported_and_none_is_left():
         measure_lockstep(2, "mlp", 9, ["nosuch"], None, image_size=None, seq_len=None, iters=1, bucket_cap_mb=25,
                          threads=1, device="cpu", timeout_s=120)  # fmt: skip
     assert _lockstep_ranks(9) == []
+
+
+def test_in_place_on_a_clusters_hosts_the_ranks_talk_over_its_shaped_links(make_cluster):
+    """`measure_lockstep(on=(cluster, hosts))`: rank r runs on host r, gloo over its data NIC, where a trial's ranks
+    run (bench/floor_vs_trial.py --namespaced). On a 2 Mbit/s cluster each sync SGD step then carries the wire time
+    of its all-reduce: the mlp's 15,242 fp32 gradients, of which each of 2 ranks sends at least half (30 KB, 122 ms),
+    where on loopback the step takes milliseconds. A lower bound: a loaded machine only adds to it."""
+    from testbed.cluster.backends import open_cluster
+    from testbed.errors import InputError
+    from testbed.modelling import measure_lockstep
+
+    name = make_cluster(2, "--bw", "2mbit")
+    cluster = open_cluster(name)
+    hosts = cluster.hosts()[:2]
+    got = measure_lockstep(2, "mlp", 17, ["syncsgd"], None, image_size=None, seq_len=None, iters=1, bucket_cap_mb=25,
+                           threads=1, device="cpu", timeout_s=300, on=(cluster, hosts))  # fmt: skip
+    assert got["codecs"]["syncsgd"]["step_s"] >= 15_242 * 4 / 2 * 8 / 2e6 * 0.8, got["codecs"]["syncsgd"]
+    assert len({pid for part in got["pids"].values() for pid in part}) == 4
+    assert _lockstep_ranks(17) == []
+    with pytest.raises(InputError, match=r"1 host\(s\) given for 2 ranks"):
+        measure_lockstep(2, "mlp", 17, ["syncsgd"], None, image_size=None, seq_len=None, iters=1, bucket_cap_mb=25,
+                         threads=1, device="cpu", on=(cluster, hosts[:1]))  # fmt: skip
