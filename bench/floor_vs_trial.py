@@ -12,8 +12,8 @@ the compute, as before 943e3ff), then one unshaped trial of each on an emulated 
 name, taken down at the end). Prints a Markdown table per compressor: the floor and the trial per repetition, the
 trial minus the floor, and their medians (docs/benchmarks.md, "What changes for seed 5" and seed 5's section). A floor
 should sit at or under its trials. `--namespaced`: each floor also measured with its ranks on the cluster's hosts
-(`measure_lockstep(on=...)`), which goes first alternating, and a second table of the two. Needs root. Measure on a quiet machine: 2 shared cores make every figure depend on
-what else runs.
+(`measure_lockstep(on=...)`), which goes first alternating, and a second table of the two. Needs root. Measure on a
+quiet machine: 2 shared cores make every figure depend on what else runs.
 """
 
 from __future__ import annotations

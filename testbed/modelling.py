@@ -120,7 +120,8 @@ def measure_lockstep(
     `fresh` False: one launch for everything, the compressors after the compute (as before 943e3ff; for comparison,
     bench/floor_vs_trial.py --warm). `on` (a cluster and `ranks` of its hosts; default None: this machine, gloo on
     loopback): rank r runs on host r, gloo on its data NIC, where a trial's ranks run (bench/floor_vs_trial.py
-    --namespaced: on the emulated cluster's veths and switch, 3 resnet18 bs16 ranks measured 1-2 % above loopback).
+    --namespaced: over the emulated cluster's veths and switch, 3 resnet18 bs16 ranks' floor is 2-4 % above
+    loopback's with sync SGD, 1-2 % with fp16).
     Each process is ended by its process group if it is still there when this returns or fails; `timeout_s` bounds
     the launches together."""
     if on is not None and len(on[1]) != ranks:
