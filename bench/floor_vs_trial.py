@@ -58,10 +58,11 @@ def main() -> int:
               "--warmup-iters >= 0", file=sys.stderr)  # fmt: skip
         return 2
     from testbed.cluster.backends import open_cluster
+    from testbed.cluster.base import shared_cpu_threads
     from testbed.modelling import measure_lockstep
 
     names = [n for n in args.compressors.split(",") if n]
-    threads = max(1, (os.cpu_count() or 1) // args.hosts)
+    threads = shared_cpu_threads(args.hosts)  # what each rank of a local trial gets
     floors: dict[str, list[float]] = {n: [] for n in names}
     trials: dict[str, list[float]] = {n: [] for n in names}
     in_ns: dict[str, list[float]] = {n: [] for n in names}  # --namespaced
