@@ -1,8 +1,9 @@
 """Accuracy of the performance model against measurement, as a user would check it (issue 13).
 
 For each host count n: `testbed up`, `testbed calibrate` (at each rate of --calibrate-bw), then --repeats times: `testbed profile
---threads <per rank> --colocated n` for each model (the n emulated hosts share this machine's cores) and one `testbed
-sweep` over rates x compressors x models. The profiles of the repetitions are pooled (median of every timing), and
+--threads <per rank> --colocated n --on <the cluster>` for each model (the n emulated hosts share this machine's cores;
+the in-place ranks run on the hosts, over the veths and switch the trials' ranks use) and one `testbed sweep` over
+rates x compressors x models. The profiles of the repetitions are pooled (median of every timing), and
 `testbed report` holds each configuration's median trial against them, with the calibration. Repeating both in turn
 keeps the shared machine's drift over the run (tens of ms on a 0.4 s step) off the comparison. Prints, as Markdown:
 the calibration, the profile per repetition, the crossover table (measured / predicted, ratio, verdict), the
@@ -806,8 +807,8 @@ def main() -> int:
                         launch_dir.mkdir(exist_ok=True)
                         if not any(p.model == m for p in pm.find_profiles(launch_dir)):
                             testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads",
-                                    str(threads), "--colocated", str(n), "--out", str(launch_dir), "--iters",
-                                    str(launch_iters), "--compressors", profiled,
+                                    str(threads), "--colocated", str(n), "--on", NAME, "--out", str(launch_dir),
+                                    "--iters", str(launch_iters), "--compressors", profiled,
                                     "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
                     for rates, comps, its, warm in sweep_groups(cfg, iters, args.warmup_iters, args.min_measured_s):
                         testbed("sweep", "--name", NAME, "--bw", ",".join(rates), "--compressor", ",".join(comps),

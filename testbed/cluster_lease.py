@@ -38,6 +38,42 @@ def hold(name: str, *, wait_s: float = 0.0, force: bool = False, say: Say = say_
         yield
 
 
+@contextlib.contextmanager
+def links_cleared(cluster, what: str) -> Iterator[Callable[[Any], None]]:
+    """For work measured on a cluster's links with nothing shaping them (`testbed profile --on NAME`); the caller
+    holds the lease. Notes `what` as the cluster's work in flight, clears the shaping of every host and yields
+    `remember(proc)`, which notes a process started (so that the next command ends it and restores the shaping after
+    a SIGKILL of this one, as for a trial); on the way out, however left, puts the recorded shaping back and clears
+    the note. A failure to restore is raised (after the note is cleared), naming the command that restores it."""
+    hosts = cluster.hosts()
+    configured = cluster.recorded_shape()
+    note: dict[str, Any] = {"what": what, "hosts": [h.name for h in hosts], "processes": [],
+                            "shape_before": configured.to_dict() if configured else None,
+                            "holder": registry.holder(cluster.name)}  # fmt: skip
+    registry.record_trial(cluster.name, note)
+
+    def remember(proc) -> None:
+        if (handle := proc.handle()) is not None:
+            note["processes"].append(handle)
+            registry.record_trial(cluster.name, note)
+
+    try:
+        if configured is not None:
+            cluster.clear_shaping(hosts)
+        yield remember
+    finally:
+        try:
+            if configured is not None:
+                _restore(cluster, note)
+        except Exception as e:  # noqa: BLE001 - said in one line; never hides the error that ended the work
+            if sys.exc_info()[0] is None:
+                raise TestbedError(f"cluster {cluster.name}: putting its shaping ({configured.describe()}) back after "
+                                   f"the {what} failed ({e}); `testbed shape --name {cluster.name} --bw RATE` sets it "
+                                   "again") from None  # fmt: skip
+        finally:
+            registry.clear_trial(cluster.name)
+
+
 def finish_dead_trial(name: str, *, say: Say = say_stderr, restore_shaping: bool = True) -> dict[str, Any] | None:
     """Finish the trial a killed command left noted on cluster `name` (the caller holds the lease); returns the
     note, or None when there was none."""

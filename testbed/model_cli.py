@@ -19,7 +19,7 @@ from rich.console import Console
 from runners.contract import DEFAULT_PROBE_S
 from testbed import model_views, modelling
 from testbed import perfmodel as pm
-from testbed.errors import InputError, why_not_a_file
+from testbed.errors import InputError, TestbedError, why_not_a_file
 
 DEFAULT_PROFILES_DIR = "profiles"
 DEFAULT_BW_RANGE = "10mbit..10gbit"
@@ -137,6 +137,25 @@ def profile_threads(threads: int | None, colocated: int, device: str) -> int:
     return 0
 
 
+def check_profile_cluster(name: str, colocated: int, device: str) -> None:
+    """`testbed profile --on NAME`: a cluster `testbed up` made on this machine, with a host for each co-located
+    rank (InputError otherwise, before anything is changed)."""
+    from testbed.cluster import backends
+
+    if colocated < 2:
+        raise InputError(f"--on {name}: measures co-located ranks on the cluster's hosts; give --colocated N >= 2")
+    if device != "cpu":
+        raise InputError(f"--on {name} with --device {device}: accepted only on the CPU (emulated hosts share this "
+                         "machine's cores, not its GPUs); profile a GPU host with --colocated on it")  # fmt: skip
+    hosts = backends.open_cluster(name).hosts()
+    if not all(h.emulated for h in hosts):
+        raise InputError(f"--on {name}: its hosts are not emulated hosts of this machine; accepted: a cluster "
+                         "`testbed up` made here without --inventory")  # fmt: skip
+    if len(hosts) < colocated:
+        raise InputError(f"--on {name}: {len(hosts)} host(s) for --colocated {colocated}; expected at least one host "
+                         "a rank")  # fmt: skip
+
+
 def check_profile_flags(args: argparse.Namespace) -> None:
     """The profile flags that the measurement would otherwise find out about only after importing torch."""
     import math
@@ -223,10 +242,19 @@ def add_commands(subparsers: Any) -> None:
         "(cores, caches and memory bandwidth shared). "
         "Default: 1",
     )
+    p.add_argument(
+        "--on",
+        metavar="NAME",
+        help="run the --colocated ranks on the first N hosts of the emulated cluster NAME (rank r on host r, gloo over "
+        "its veths and switch, where its trials' ranks talk) instead of as processes of this machine on loopback. "
+        "The cluster is held as a trial holds it, its shaping cleared for the measurement (the in-place floors are "
+        "those of unshaped links) and put back after",
+    )
+    from testbed.trial_args import add_plugin_flags, add_wait_flag
+
+    add_wait_flag(p)
     p.add_argument("--out", default=DEFAULT_PROFILES_DIR, help="directory for the JSON (default: profiles/)")
     p.add_argument("--json", action="store_true", help="print the stored profile as JSON")
-    from testbed.trial_args import add_plugin_flags
-
     add_plugin_flags(p)
     p.set_defaults(func=cmd_profile)
 
@@ -340,22 +368,34 @@ def cmd_profile(args: argparse.Namespace) -> int:
                          "in a sweep")  # fmt: skip
     for spec in plugins:  # the plugin's own one-line errors, before the measurement starts
         inspect(spec, free, plugin_path)
-    profile, path = modelling.measure_and_store(
-        args.model,
-        args.batch_size,
-        compressors,
-        args.device,
-        args.out,
-        image_size=args.image_size,
-        seq_len=args.seq_len,
-        iters=args.iters,
-        bucket_cap_mb=args.bucket_cap_mb,
-        threads=profile_threads(args.threads, args.colocated, args.device),
-        colocated=args.colocated,
-        status=_console().status,
-        options={spec: free for spec in plugins},
-        plugin_path=plugin_path,
-    )
+    measure = dict(image_size=args.image_size, seq_len=args.seq_len, iters=args.iters,
+                   bucket_cap_mb=args.bucket_cap_mb, threads=profile_threads(args.threads, args.colocated, args.device),
+                   colocated=args.colocated, status=_console().status, options={spec: free for spec in plugins},
+                   plugin_path=plugin_path)  # fmt: skip
+    if args.on is None:
+        profile, path = modelling.measure_and_store(args.model, args.batch_size, compressors, args.device, args.out,
+                                                    **measure)  # fmt: skip
+    else:
+        from testbed.cluster import backends
+        from testbed.cluster_lease import hold, links_cleared
+        from testbed.launch import STOP, stop_exit_code, stop_on_signals
+        from testbed.trial_args import wait_seconds
+
+        wait_s = wait_seconds(args)
+        check_profile_cluster(args.on, args.colocated, args.device)  # no such cluster, too few hosts: exit 2
+        with hold(args.on, wait_s=wait_s):  # one command at a time shapes and measures a cluster
+            cluster = backends.open_cluster(args.on)
+            stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: the ranks are ended and the shaping put back
+            try:
+                with links_cleared(cluster, f"co-located profile of {args.model}") as remember:
+                    profile, path = modelling.measure_and_store(args.model, args.batch_size, compressors, args.device,
+                                                                args.out, on=cluster, on_start=remember, stop=STOP,
+                                                                **measure)  # fmt: skip
+            except TestbedError as e:
+                if not STOP.is_set():
+                    raise
+                print(f"testbed profile: {e}; the shaping was put back and nothing was stored", file=sys.stderr)
+                return stop_exit_code()
     if args.json:
         sys.stdout.write(json.dumps({"path": str(path), **pm.profile_to_dict(profile)}, indent=2) + "\n")
         return 0

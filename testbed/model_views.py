@@ -19,6 +19,7 @@ def profile_table(profile: pm.Profile) -> Table:
         f"{len(profile.buckets)} bucket(s), "
         f"{profile.grad_bytes / 1e6:.1f} MB of gradients"
         + (f", {profile.colocated_ranks} ranks computing at once" if profile.colocated_ranks > 1 else "")
+        + (f" on the hosts of cluster {profile.colocated_on}" if profile.colocated_on else "")
     )
     for col in ("compressor", "collective", "rounds", "payload MB", "ratio", "encode ms", "decode ms"):
         t.add_column(col, justify="left" if col in ("compressor", "collective") else "right")

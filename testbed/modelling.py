@@ -12,6 +12,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -49,6 +50,9 @@ def measure_profile(
     plugin_path: str | None = None,
     colocated: int = 1,
     lockstep_timeout_s: float = 1800.0,
+    on: Starter | None = None,
+    on_start: Callable[[Any], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
     `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it.
@@ -56,7 +60,10 @@ def measure_profile(
     share this machine run (the local emulated cluster: its world size): compute, the slowest rank's lateness and,
     on CPU, each compressor's encode/decode in place (measure_lockstep, merge_lockstep).
     `options`: compressor -> its options; `plugin_path`: the directory MODULE:FACTORY plugins are imported from
-    (this process imports them: the profile runs here). `lockstep_timeout_s`: how long the co-located ranks may take."""
+    (this process imports them: the profile runs here). `lockstep_timeout_s`: how long the co-located ranks may take.
+    `on`: an emulated cluster whose first `colocated` hosts run the co-located ranks, gloo over their links
+    (`testbed profile --on NAME`; the caller holds its lease and clears its shaping), with `on_start` (called with each
+    process started) and `stop` (set: the ranks are ended and this raises) passed to measure_lockstep."""
     check_device(device)
     if plugin_path:
         import sys
@@ -85,9 +92,12 @@ def measure_profile(
         with status(f"profiling {model} again as {colocated} co-located ranks in lockstep..."):
             shared = measure_lockstep(colocated, model, batch_size, names, options, image_size=image_size,
                                       seq_len=seq_len, iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads,
-                                      device=device, plugin_path=plugin_path,
-                                      timeout_s=lockstep_timeout_s)  # fmt: skip
+                                      device=device, plugin_path=plugin_path, timeout_s=lockstep_timeout_s,
+                                      on=None if on is None else (on, on.hosts()[:colocated]), on_start=on_start,
+                                      stop=stop)  # fmt: skip
         data = merge_lockstep(data, shared)
+        if on is not None:
+            data["colocated_on"] = on.name
     data["colocated_ranks"] = colocated
     return pm.profile_from_dict(data, source=f"profile of {model}")
 
@@ -109,6 +119,8 @@ def measure_lockstep(
     timeout_s: float = 1800.0,
     fresh: bool = True,
     on: tuple[Starter, Sequence[Host]] | None = None,
+    on_start: Callable[[Any], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> dict:
     """Run `ranks` processes of ``python -m runners.profile --lockstep-rank`` (a gloo group on a file store in a
     temporary folder) and return what rank 0 measured (runners.profile.lockstep), the compute in one launch and each
@@ -123,7 +135,8 @@ def measure_lockstep(
     --namespaced: over the emulated cluster's veths and switch, 3 resnet18 bs16 ranks' floor is 2-4 % above
     loopback's with sync SGD, 1-2 % with fp16).
     Each process is ended by its process group if it is still there when this returns or fails; `timeout_s` bounds
-    the launches together."""
+    the launches together. `on_start` is called with each process as it starts (to note it for whoever finishes the
+    work after a SIGKILL of this process); `stop` set (a signal) ends the ranks and raises TestbedError."""
     if on is not None and len(on[1]) != ranks:
         raise InputError(f"measure_lockstep: {len(on[1])} host(s) given for {ranks} ranks; expected one host a rank")
     import time
@@ -138,7 +151,7 @@ def measure_lockstep(
         got = _lockstep_launch(ranks, model, batch_size, part_names, options, image_size=image_size, seq_len=seq_len,
                                iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads, device=device,
                                plugin_path=plugin_path, codecs_only=codecs_only, deadline=deadline,
-                               timeout_s=timeout_s, on=on)  # fmt: skip
+                               timeout_s=timeout_s, on=on, on_start=on_start, stop=stop)  # fmt: skip
         pids[part] = got.pop("pids", [])
         codecs.update(got.pop("codecs", {}))
         if not codecs_only:
@@ -150,14 +163,18 @@ def _lockstep_launch(ranks: int, model: str, batch_size: int, names: list[str],
                      options: dict[str, dict[str, Any]] | None, *, image_size: int | None, seq_len: int | None,
                      iters: int, bucket_cap_mb: float, threads: int, device: str, plugin_path: str | None,
                      codecs_only: bool, deadline: float, timeout_s: float,
-                     on: tuple[Starter, Sequence[Host]] | None = None) -> dict:  # fmt: skip
+                     on: tuple[Starter, Sequence[Host]] | None = None, on_start: Callable[[Any], None] | None = None,
+                     stop: threading.Event | None = None) -> dict:  # fmt: skip
     """One launch of the co-located profile's processes (measure_lockstep): rank 0's result."""
     from runners.contract import ProfileArgs
+    from testbed.launch_plan import forwarded_env
     from testbed.ranks import THIS_MACHINE, Rank, running, watch
 
     with tempfile.TemporaryDirectory(prefix="gcprof-lockstep-") as tmp:
         out = Path(tmp) / "lockstep.json"
-        env = dict(os.environ)  # this machine's own processes: the controller's environment
+        # this machine's own processes: the controller's environment; on a cluster's hosts, what a trial's rank gets
+        # from it (launch_plan's allowlist: no token or credential of the controller's)
+        env = dict(os.environ) if on is None else forwarded_env(os.environ, emulated=True)
         # -P and a fixed working directory: a `runners/` or `json.py` where the user stands never runs (as root)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (plugins.plugin_pythonpath(plugin_path), env.get("PYTHONPATH")) if p)
         starts = []
@@ -172,9 +189,11 @@ def _lockstep_launch(ranks: int, model: str, batch_size: int, names: list[str],
             rank_env = env if on is None else {**env, "GLOO_SOCKET_IFNAME": host.data_iface}
             starts.append(Rank(host, [*plugins.python_argv("-m", "runners.profile"), *args.to_argv()],
                                rank_env, Path(tmp) / f"rank{r}.log", Path(plugins.SAFE_CWD)))  # fmt: skip
-        with running(THIS_MACHINE if on is None else on[0], starts) as procs:
+        with running(THIS_MACHINE if on is None else on[0], starts, on_start=on_start) as procs:
             # until all are done or one failed: the others of a failed rank would wait for it in gloo for minutes
-            watched = watch(procs, deadline=deadline)
+            watched = watch(procs, deadline=deadline, stop=stop)
+            if watched.stopped:
+                raise TestbedError("the co-located profile was stopped by a signal; its ranks were ended")
             if watched.timed_out:
                 raise TestbedError(f"the co-located profile's ranks did not finish within {timeout_s:.0f} s")
         texts = [(Path(tmp) / f"rank{r}.log").read_text(errors="replace").strip() for r in range(ranks)]

@@ -92,6 +92,9 @@ class Profile:
     torch_version: str = ""
     hostname: str = ""
     colocated_ranks: int = 1  # ranks computing at once on the measuring machine (testbed profile --colocated)
+    # the emulated cluster whose hosts ran the co-located ranks, gloo over its links (testbed profile --on NAME);
+    # None: this machine's processes, gloo over loopback
+    colocated_on: str | None = None
     compute_jitter_s: float = 0.0  # spread of one rank's forward + backward + optimizer from iteration to iteration
     # co-located profiles: per step started together, the slowest rank's lateness behind the median one (None: not
     # measured)
@@ -214,6 +217,7 @@ def profile_from_dict(d: Mapping[str, Any], source: str = "profile") -> Profile:
             torch_version=str(d.get("torch_version", "")),
             hostname=str(d.get("hostname", "")),
             colocated_ranks=int(d.get("colocated_ranks", 1)),
+            colocated_on=None if d.get("colocated_on") is None else str(d["colocated_on"]),
             compute_jitter_s=max(0.0, float(d.get("compute_jitter_s", 0.0))),
             lockstep_skew_s=None if d.get("lockstep_skew_s") is None else max(0.0, float(d["lockstep_skew_s"])),
             solo_compute_s=None if d.get("solo_compute_s") is None else max(0.0, float(d["solo_compute_s"])),
@@ -359,6 +363,7 @@ def profile_to_dict(profile: Profile) -> dict:
         "hostname": profile.hostname,
         "bucket_cap_mb": profile.bucket_cap_mb,
         "colocated_ranks": profile.colocated_ranks,
+        **({} if profile.colocated_on is None else {"colocated_on": profile.colocated_on}),
         "compute_jitter_s": profile.compute_jitter_s,
         **({} if profile.lockstep_skew_s is None else {"lockstep_skew_s": profile.lockstep_skew_s}),
         **({} if profile.solo_compute_s is None else {"solo_compute_s": profile.solo_compute_s}),

@@ -156,6 +156,11 @@ NO_CLUSTER = [
     (["profile", "--model", "mlp", "--image-size", "0"], "--image-size 0"),
     (["profile", "--model", "mlp", "--bucket-cap-mb", "nan"], "--bucket-cap-mb nan"),
     (["profile", "--model", "mlp", "--threads", "-1"], "--threads -1"),
+    # `profile --on NAME` ({n}: a cluster name that is not up here)
+    (["profile", "--model", "mlp", "--on", "{n}"], "give --colocated N >= 2"),
+    (["profile", "--model", "mlp", "--colocated", "2", "--on", "{n}", "--device", "cuda"], "accepted only on the CPU"),
+    (["profile", "--model", "mlp", "--colocated", "2", "--on", "{n}"], "no cluster named"),
+    (["profile", "--model", "mlp", "--colocated", "2", "--on", "{n}", "--wait", "nan"], "--wait nan"),
     # calibrate: checked before the cluster is looked up
     (["calibrate", "--sizes", "1mb"], "at least 2 distinct message sizes"),
     (["calibrate", "--sizes", "16kb,2gb"], "outside 1 KB..1 GB"),
@@ -249,6 +254,7 @@ ON_CLUSTER = [
     (["shape", "--bw", "0"], "out of range"),
     (["probe", "--pairs", "h0:h9"], "unknown host 'h9'"),
     (["probe", "--tolerance", "2"], "--tolerance 2"),
+    (["profile", "--model", "mlp", "--colocated", "3", "--on", "{n}"], "2 host(s) for --colocated 3; expected at least"),
     (["up", "--hosts", "3", "--bw", "1gbit"], "Use --recreate"),
     # a data set missing or malformed on a host: named, before any trial (issue 33)
     (["run", "--bw", "100mbit", "--data", "cifar10:{w}/nodata"], "host h0: "),
@@ -362,7 +368,7 @@ NAMELESS = ("results", "report", "profile", "predict", "check-compressor")  # co
 
 
 def _argv(argv: list[str], work: Path, name: str) -> list[str]:
-    argv = [a.replace("{w}", str(work)) for a in argv]
+    argv = [a.replace("{w}", str(work)).replace("{n}", name) for a in argv]
     return argv if argv[0] in NAMELESS else [argv[0], "--name", name, *argv[1:]]
 
 

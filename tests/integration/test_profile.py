@@ -91,3 +91,77 @@ def test_in_place_on_a_clusters_hosts_the_ranks_talk_over_its_shaped_links(make_
     with pytest.raises(InputError, match=r"1 host\(s\) given for 2 ranks"):
         measure_lockstep(2, "mlp", 17, ["syncsgd"], None, image_size=None, seq_len=None, iters=1, bucket_cap_mb=25,
                          threads=1, device="cpu", on=(cluster, hosts[:1]))  # fmt: skip
+
+
+def _link_rates(testbed_cli, name: str) -> set[int | None]:
+    status = json.loads(testbed_cli("status", "--name", name, "--json").stdout)
+    return {h["links"][d].get("rate_bps") for h in status["hosts"] for d in ("upload", "download")}
+
+
+def test_profile_on_a_cluster_measures_on_its_hosts_and_puts_its_shaping_back(make_cluster, testbed_cli, tmp_path):
+    """`testbed profile --colocated 2 --on NAME`: the in-place ranks run on the cluster's first hosts (the profile
+    says which cluster), with its shaping cleared for the measurement and put back after; nothing is left noted or
+    running."""
+    name = make_cluster(3, "--bw", "2mbit")
+    out = tmp_path / "profiles"
+    done = testbed_cli("profile", "--model", "mlp", "--batch-size", "23", "--threads", "1", "--colocated", "2",
+                       "--iters", "2", "--compressors", "syncsgd", "--on", name, "--out", str(out), "--json",
+                       timeout_s=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["colocated_on"] == name and data["colocated_ranks"] == 2
+    assert data["compressors"]["syncsgd"]["lockstep_step_s"] >= data["forward_s"]
+    assert json.loads((out / "mlp-bs23-cpu-colocated2.json").read_text())["colocated_on"] == name
+    assert _link_rates(testbed_cli, name) == {2_000_000}  # the cluster's own shaping is back
+    assert "unfinished_trial" not in json.loads(testbed_cli("status", "--name", name, "--json").stdout)
+    assert _lockstep_ranks(23) == []
+
+
+def test_links_cleared_holds_the_links_unshaped_and_puts_them_back_however_left(make_cluster, testbed_cli):
+    """testbed.cluster_lease.links_cleared (what `profile --on` measures inside): inside, no link is shaped and the
+    work is noted for the next command; after, even after an error, the cluster's shaping is back and the note gone."""
+    from testbed.cluster import registry
+    from testbed.cluster.backends import open_cluster
+    from testbed.cluster_lease import hold, links_cleared
+
+    name = make_cluster(2, "--bw", "2mbit")
+    with pytest.raises(RuntimeError, match="midway"), hold(name):
+        with links_cleared(open_cluster(name), "test work"):
+            assert _link_rates(testbed_cli, name) == {None}
+            assert registry.trial_in_flight(name)["what"] == "test work"
+            raise RuntimeError("midway")
+    assert _link_rates(testbed_cli, name) == {2_000_000}
+    assert registry.trial_in_flight(name) is None
+
+
+def test_sigterm_during_a_profile_on_a_cluster_ends_its_ranks_and_puts_the_shaping_back(make_cluster, cli_env,
+                                                                                         testbed_cli, tmp_path):
+    """A signal while the in-place ranks run on the cluster's hosts: they are ended, the shaping is put back, nothing
+    is stored, and the command exits 128 + 15. The test signals once the ranks run (found in /proc), never after a
+    sleep; 5000 steps keep them running far longer than it takes to send it."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import REPO, wait_for
+
+    name = make_cluster(2, "--bw", "2mbit")
+    out = tmp_path / "profiles"
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "profile", "--model", "mlp", "--batch-size", "29",
+                             "--threads", "1", "--colocated", "2", "--iters", "5000", "--compressors", "syncsgd",
+                             "--on", name, "--out", str(out)], env=cli_env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        ranks = wait_for(lambda: _lockstep_ranks(29), 240, "the in-place ranks started")
+        assert _link_rates(testbed_cli, name) == {None}  # measured on unshaped links
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by a signal" in err and "nothing was stored" in err, err
+    assert _lockstep_ranks(29) == [] and all(not Path(f"/proc/{p}").exists() for p in ranks)
+    assert _link_rates(testbed_cli, name) == {2_000_000}
+    assert not list(out.glob("*.json"))
