@@ -45,9 +45,12 @@ The model (docs/performance-model.md has the derivation and where it breaks):
    at least the whole step it took there (`CompressorProfile.lockstep_step_s`, the slowest rank's, median over
    steps): what the composition of medians leaves out there (a peer's decode or encode landing in this rank's
    forward, the phases' correlation) stays in (4 ranks on 2 cores, resnet18, Sign-SGD: trial 1.67 s, in place
-   1.63 s, the composition of the profile's medians 1.58 s). The floors were measured on loopback, where the link
-   costs nothing: at a shaped rate the link's own addition (the composition at that rate minus the composition on a
-   free link: an all-gather left exposed at a low rate) is added to them, so a floor never flattens a curve.
+   1.63 s, the composition of the profile's medians 1.58 s). The floors were measured on loopback or on the
+   cluster's unshaped links (`testbed profile --on`), where the link costs next to nothing: at a shaped rate the
+   link's own addition (the composition at that rate minus the composition on a free link: an all-gather left
+   exposed at a low rate) is added to them, so a floor never flattens a curve. (The composition at an unshaped
+   cluster's rate, 6 Gbit/s for 3 resnet18 bs16 ranks, is within 0.2 ms of a free link's: the free link stays the
+   reference for both.)
 7. What bound it (issue 32): the prediction names the term that decided it (`Prediction.bound_by`, the largest of
    `Prediction.breakdown`: compute, co-location, codec, exposed communication, host cost, skew; "floor" whenever a
    floor decides), and carries an
@@ -77,7 +80,7 @@ from testbed.perfmodel.profiles import Profile
 ASYNC_COMPRESSORS = frozenset({"syncsgd"})
 # the terms a prediction's time is made of, in `Prediction.breakdown` (its largest is `bound_by`)
 BOUND_TERMS = ("compute", "co-location", "codec", "exposed communication", "host cost", "skew", "floor")
-FREE_LINK_BPS = 1e15  # the rate the in-place floors were measured at, as far as the composition can tell (loopback)
+FREE_LINK_BPS = 1e15  # the rate the in-place floors were measured at, as far as the composition can tell
 
 
 @dataclass(frozen=True)
@@ -213,7 +216,7 @@ def predict_iteration(
     if comp.lockstep_step_s is not None and in_lockstep:
         floors.append(comp.lockstep_step_s)
     floor = None
-    if floors:  # measured on loopback: the link's own addition at this rate comes on top
+    if floors:  # measured on a free link: the link's own addition at this rate comes on top
         free = compose(profile, compressor, replace(net, bandwidth_bps=max(FREE_LINK_BPS, net.bandwidth_bps)), blocks)
         floor = max(floors) + max(0.0, here.iter_s - free.iter_s)
     return _decide(profile, compressor, net, blocks, here, straggler, floor, comm_rel_spread)

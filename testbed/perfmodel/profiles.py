@@ -53,7 +53,8 @@ class CompressorProfile:
     options: Mapping[str, Any] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()  # what the profile assumed of a plugin that did not declare it
     # co-located profiles: the communication a step exposed (waits at the collectives with no codec work) while the
-    # co-located ranks trained with this compressor in lockstep on loopback; a floor for any link (None: not measured)
+    # co-located ranks trained with this compressor in lockstep on loopback or on a cluster's unshaped links (testbed
+    # profile --on); a floor for any link (None: not measured)
     lockstep_comm_s: float | None = None
     # and the whole step it took there (the slowest rank's, median over steps), a floor for any link
     lockstep_step_s: float | None = None
