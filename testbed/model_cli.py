@@ -8,9 +8,12 @@ Errors are `InputError`s (one line, exit 2) raised before anything is written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +159,26 @@ def check_profile_cluster(name: str, colocated: int, device: str) -> None:
                          "a rank")  # fmt: skip
 
 
+def on_cluster(name: str, wait_s: float, model: str) -> Callable[[], AbstractContextManager[modelling.OnCluster]]:
+    """`testbed profile --on NAME`: what measure_profile enters around the co-located measurement (the solo one
+    before it needs no cluster, and a Ctrl-C there ends the command at once, nothing changed): the cluster's lease
+    (refused or waited for as a trial's), its shaping cleared and put back (cluster_lease.links_cleared), and the
+    signal handlers a trial has (a signal ends the ranks; the shaping is put back, nothing stored)."""
+    from testbed.cluster import backends
+    from testbed.cluster_lease import hold, links_cleared
+    from testbed.launch import STOP, stop_on_signals
+
+    @contextlib.contextmanager
+    def entered() -> Iterator[modelling.OnCluster]:
+        with hold(name, wait_s=wait_s):  # one command at a time shapes and measures a cluster
+            cluster = backends.open_cluster(name)
+            stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: the ranks are ended and the shaping put back
+            with links_cleared(cluster, f"co-located profile of {model}") as remember:
+                yield modelling.OnCluster(cluster, remember, STOP)
+
+    return entered
+
+
 def check_profile_flags(args: argparse.Namespace) -> None:
     """The profile flags that the measurement would otherwise find out about only after importing torch."""
     import math
@@ -247,8 +270,8 @@ def add_commands(subparsers: Any) -> None:
         metavar="NAME",
         help="run the --colocated ranks on the first N hosts of the emulated cluster NAME (rank r on host r, gloo over "
         "its veths and switch, where its trials' ranks talk) instead of as processes of this machine on loopback. "
-        "The cluster is held as a trial holds it, its shaping cleared for the measurement (the in-place floors are "
-        "those of unshaped links) and put back after",
+        "For that part (the solo measurement comes first) the cluster is held as a trial holds it, its shaping "
+        "cleared (the in-place floors are those of unshaped links) and put back after",
     )
     from testbed.trial_args import add_plugin_flags, add_wait_flag
 
@@ -355,7 +378,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from runners import catalog
     from testbed.outputs import check_output_dir
     from testbed.plugins import check_plugin_path, inspect
-    from testbed.trial_args import parse_opts
+    from testbed.trial_args import parse_opts, wait_seconds
 
     check_profile_flags(args)
     compressors = parse_compressors(args.compressors)
@@ -368,6 +391,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
                          "in a sweep")  # fmt: skip
     for spec in plugins:  # the plugin's own one-line errors, before the measurement starts
         inspect(spec, free, plugin_path)
+    if args.on is not None:
+        wait_seconds(args)
+        check_profile_cluster(args.on, args.colocated, args.device)  # no such cluster, too few hosts: exit 2
+    elif args.wait:
+        raise InputError(f"--wait {args.wait:g}: applies to --on NAME (waiting for the cluster's lease); a profile "
+                         "on this machine holds no cluster")  # fmt: skip
     measure = dict(image_size=args.image_size, seq_len=args.seq_len, iters=args.iters,
                    bucket_cap_mb=args.bucket_cap_mb, threads=profile_threads(args.threads, args.colocated, args.device),
                    colocated=args.colocated, status=_console().status, options={spec: free for spec in plugins},
@@ -376,26 +405,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
         profile, path = modelling.measure_and_store(args.model, args.batch_size, compressors, args.device, args.out,
                                                     **measure)  # fmt: skip
     else:
-        from testbed.cluster import backends
-        from testbed.cluster_lease import hold, links_cleared
-        from testbed.launch import STOP, stop_exit_code, stop_on_signals
-        from testbed.trial_args import wait_seconds
+        from testbed.launch import STOP, stop_exit_code
 
-        wait_s = wait_seconds(args)
-        check_profile_cluster(args.on, args.colocated, args.device)  # no such cluster, too few hosts: exit 2
-        with hold(args.on, wait_s=wait_s):  # one command at a time shapes and measures a cluster
-            cluster = backends.open_cluster(args.on)
-            stop_on_signals()  # Ctrl-C, SIGTERM, SIGHUP: the ranks are ended and the shaping put back
-            try:
-                with links_cleared(cluster, f"co-located profile of {args.model}") as remember:
-                    profile, path = modelling.measure_and_store(args.model, args.batch_size, compressors, args.device,
-                                                                args.out, on=cluster, on_start=remember, stop=STOP,
-                                                                **measure)  # fmt: skip
-            except TestbedError as e:
-                if not STOP.is_set():
-                    raise
-                print(f"testbed profile: {e}; the shaping was put back and nothing was stored", file=sys.stderr)
-                return stop_exit_code()
+        try:
+            profile, path = modelling.measure_and_store(args.model, args.batch_size, compressors, args.device, args.out,
+                                                        on=on_cluster(args.on, wait_seconds(args), args.model),
+                                                        **measure)  # fmt: skip
+        except TestbedError as e:
+            if not STOP.is_set():
+                raise
+            print(f"testbed profile: {e}; the shaping was put back and nothing was stored", file=sys.stderr)
+            return stop_exit_code()
     if args.json:
         sys.stdout.write(json.dumps({"path": str(path), **pm.profile_to_dict(profile)}, indent=2) + "\n")
         return 0

@@ -8,12 +8,13 @@ Measuring imports runners.profile (and torch) only when a measurement is asked f
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,22 @@ if TYPE_CHECKING:
     from testbed.ranks import Starter
 
 Status = Callable[[str], AbstractContextManager[Any]]  # e.g. rich's Console.status: shown while measuring
+
+
+@dataclasses.dataclass(frozen=True)
+class OnCluster:
+    """Where a co-located profile's ranks run (measure_profile's `on`): `cluster` None is this machine, gloo over
+    loopback; else that emulated cluster's first hosts. `on_start` is called with each process as it starts, and
+    `stop` set (a signal) ends the ranks (measure_lockstep)."""
+
+    cluster: Any = None
+    on_start: Callable[[Any], None] | None = None
+    stop: threading.Event | None = None
+
+
+@contextlib.contextmanager
+def _on_this_machine() -> Iterator[OnCluster]:
+    yield OnCluster()
 
 
 def _quiet(_: str) -> AbstractContextManager[Any]:
@@ -50,9 +67,7 @@ def measure_profile(
     plugin_path: str | None = None,
     colocated: int = 1,
     lockstep_timeout_s: float = 1800.0,
-    on: Starter | None = None,
-    on_start: Callable[[Any], None] | None = None,
-    stop: threading.Event | None = None,
+    on: Callable[[], AbstractContextManager[OnCluster]] | None = None,
 ) -> pm.Profile:
     """Measure a profile on this machine (runners.profile): compute phases and each compressor's encode/decode.
     `threads` > 0 sets torch's thread count first, to measure compute as a rank of a trial runs it.
@@ -61,9 +76,9 @@ def measure_profile(
     on CPU, each compressor's encode/decode in place (measure_lockstep, merge_lockstep).
     `options`: compressor -> its options; `plugin_path`: the directory MODULE:FACTORY plugins are imported from
     (this process imports them: the profile runs here). `lockstep_timeout_s`: how long the co-located ranks may take.
-    `on`: an emulated cluster whose first `colocated` hosts run the co-located ranks, gloo over their links
-    (`testbed profile --on NAME`; the caller holds its lease and clears its shaping), with `on_start` (called with each
-    process started) and `stop` (set: the ranks are ended and this raises) passed to measure_lockstep."""
+    `on` (`testbed profile --on NAME`): entered around the co-located measurement only (the solo one needs no
+    cluster), it yields the emulated cluster whose first `colocated` hosts run the co-located ranks, gloo over their
+    links (OnCluster; it holds the cluster's lease and clears its shaping while entered)."""
     check_device(device)
     if plugin_path:
         import sys
@@ -89,15 +104,16 @@ def measure_profile(
     with status(f"profiling {model} (batch {batch_size}, {device}, {iters} iterations per compressor)..."):
         data = measure(names, options)
     if colocated > 1:
-        with status(f"profiling {model} again as {colocated} co-located ranks in lockstep..."):
+        with (on or _on_this_machine)() as where, status(f"profiling {model} again as {colocated} co-located ranks in "
+                                                          "lockstep..."):  # fmt: skip
+            hosts = None if where.cluster is None else (where.cluster, where.cluster.hosts()[:colocated])
             shared = measure_lockstep(colocated, model, batch_size, names, options, image_size=image_size,
                                       seq_len=seq_len, iters=iters, bucket_cap_mb=bucket_cap_mb, threads=threads,
-                                      device=device, plugin_path=plugin_path, timeout_s=lockstep_timeout_s,
-                                      on=None if on is None else (on, on.hosts()[:colocated]), on_start=on_start,
-                                      stop=stop)  # fmt: skip
+                                      device=device, plugin_path=plugin_path, timeout_s=lockstep_timeout_s, on=hosts,
+                                      on_start=where.on_start, stop=where.stop)  # fmt: skip
         data = merge_lockstep(data, shared)
-        if on is not None:
-            data["colocated_on"] = on.name
+        if where.cluster is not None:
+            data["colocated_on"] = where.cluster.name
     data["colocated_ranks"] = colocated
     return pm.profile_from_dict(data, source=f"profile of {model}")
 

@@ -158,6 +158,7 @@ NO_CLUSTER = [
     (["profile", "--model", "mlp", "--threads", "-1"], "--threads -1"),
     # `profile --on NAME` ({n}: a cluster name that is not up here)
     (["profile", "--model", "mlp", "--on", "{n}"], "give --colocated N >= 2"),
+    (["profile", "--model", "mlp", "--wait", "5"], "--wait 5: applies to --on NAME"),
     (["profile", "--model", "mlp", "--colocated", "2", "--on", "{n}", "--device", "cuda"], "accepted only on the CPU"),
     (["profile", "--model", "mlp", "--colocated", "2", "--on", "{n}"], "no cluster named"),
     (["profile", "--model", "mlp", "--colocated", "2", "--on", "{n}", "--wait", "nan"], "--wait nan"),

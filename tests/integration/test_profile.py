@@ -1,5 +1,6 @@
-"""`testbed profile --colocated N`: the profile is measured again by N processes training in lockstep (the ranks that
-share the machine in a trial): compute, the slowest rank's lateness, each compressor in place; none outlives it."""
+"""`testbed profile --colocated N [--on NAME]`: the profile is measured again by N processes training in lockstep (the
+ranks that share the machine in a trial; with --on, on a cluster's hosts): compute, the slowest rank's lateness, each
+compressor in place; none outlives it, and the cluster's shaping is put back."""
 
 from __future__ import annotations
 
@@ -24,26 +25,9 @@ def _lockstep_ranks(batch_size: int) -> list[int]:
     return found
 
 
-def test_colocated_profile_measures_in_lockstep_and_leaves_nothing_running(testbed_cli, tmp_path):
-    out = tmp_path / "profiles"
-    # 2 ranks and 2 compressors (every rank imports torch; each compressor is the same lockstep loop): the baseline
-    # and one with a codec (topk: its encode time measured in place); bench/gpu_check's CPU test profiles 2 co-located
-    # ranks with powersgd through the same path (tests/integration/test_gpu_check.py)
-    done = testbed_cli("profile", "--model", "mlp", "--batch-size", "7", "--threads", "1", "--colocated", "2",
-                       "--iters", "2", "--compressors", "syncsgd,topk", "--out", str(out), "--json",
-                       timeout_s=240)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    data = json.loads(done.stdout)
-    assert data["colocated_ranks"] == 2 and data["forward_s"] > 0
-    assert data["lockstep_skew_s"] >= 0  # measured: the key is there only when the ranks ran together
-    for name in ("syncsgd", "topk"):  # each trained with by both ranks: its exposed communication
-        assert data["compressors"][name]["lockstep_comm_s"] >= 0, name
-        # and its whole step, the slowest rank's: at least the compute the ranks did in it
-        assert data["compressors"][name]["lockstep_step_s"] >= data["forward_s"], name
-    assert data["compressors"]["topk"]["buckets"][0]["encode_s"] > 0
-    stored = json.loads((out / "mlp-bs7-cpu-colocated2.json").read_text())
-    assert stored["colocated_ranks"] == 2 and stored["lockstep_skew_s"] == data["lockstep_skew_s"]
-    assert _lockstep_ranks(7) == [], "a lockstep rank outlived the profile"
+def _link_rates(testbed_cli, name: str) -> set[int | None]:
+    status = json.loads(testbed_cli("status", "--name", name, "--json").stdout)
+    return {h["links"][d].get("rate_bps") for h in status["hosts"] for d in ("upload", "download")}
 
 
 def test_the_compute_and_each_compressor_are_measured_in_processes_of_their_own():
@@ -93,28 +77,33 @@ def test_in_place_on_a_clusters_hosts_the_ranks_talk_over_its_shaped_links(make_
                          threads=1, device="cpu", on=(cluster, hosts[:1]))  # fmt: skip
 
 
-def _link_rates(testbed_cli, name: str) -> set[int | None]:
-    status = json.loads(testbed_cli("status", "--name", name, "--json").stdout)
-    return {h["links"][d].get("rate_bps") for h in status["hosts"] for d in ("upload", "download")}
-
-
-def test_profile_on_a_cluster_measures_on_its_hosts_and_puts_its_shaping_back(make_cluster, testbed_cli, tmp_path):
-    """`testbed profile --colocated 2 --on NAME`: the in-place ranks run on the cluster's first hosts (the profile
-    says which cluster), with its shaping cleared for the measurement and put back after; nothing is left noted or
-    running."""
+def test_colocated_profile_on_a_cluster_measures_in_lockstep_on_its_hosts_and_leaves_nothing(make_cluster, testbed_cli,
+                                                                                              tmp_path):
+    """`testbed profile --colocated 2 --on NAME`: measured again by 2 processes training in lockstep, on the cluster's
+    first hosts (the profile says which cluster), with its shaping cleared for the measurement and put back after;
+    nothing is left noted or running. 2 ranks and 2 compressors (every rank imports torch; each compressor is the
+    same lockstep loop): the baseline and one with a codec (topk: its encode time measured in place). On loopback (no
+    --on) the same measurement is measure_lockstep's tests here and bench/gpu_check's CPU test, which profiles 2
+    co-located ranks with powersgd (tests/integration/test_gpu_check.py)."""
     name = make_cluster(3, "--bw", "2mbit")
     out = tmp_path / "profiles"
-    done = testbed_cli("profile", "--model", "mlp", "--batch-size", "23", "--threads", "1", "--colocated", "2",
-                       "--iters", "2", "--compressors", "syncsgd", "--on", name, "--out", str(out), "--json",
+    done = testbed_cli("profile", "--model", "mlp", "--batch-size", "7", "--threads", "1", "--colocated", "2",
+                       "--iters", "2", "--compressors", "syncsgd,topk", "--on", name, "--out", str(out), "--json",
                        timeout_s=240)  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    assert data["colocated_on"] == name and data["colocated_ranks"] == 2
-    assert data["compressors"]["syncsgd"]["lockstep_step_s"] >= data["forward_s"]
-    assert json.loads((out / "mlp-bs23-cpu-colocated2.json").read_text())["colocated_on"] == name
+    assert data["colocated_ranks"] == 2 and data["colocated_on"] == name and data["forward_s"] > 0
+    assert data["lockstep_skew_s"] >= 0  # measured: the key is there only when the ranks ran together
+    for comp in ("syncsgd", "topk"):  # each trained with by both ranks: its exposed communication
+        assert data["compressors"][comp]["lockstep_comm_s"] >= 0, comp
+        # and its whole step, the slowest rank's: at least the compute the ranks did in it
+        assert data["compressors"][comp]["lockstep_step_s"] >= data["forward_s"], comp
+    assert data["compressors"]["topk"]["buckets"][0]["encode_s"] > 0
+    stored = json.loads((out / "mlp-bs7-cpu-colocated2.json").read_text())
+    assert stored["colocated_on"] == name and stored["lockstep_skew_s"] == data["lockstep_skew_s"]
     assert _link_rates(testbed_cli, name) == {2_000_000}  # the cluster's own shaping is back
     assert "unfinished_trial" not in json.loads(testbed_cli("status", "--name", name, "--json").stdout)
-    assert _lockstep_ranks(23) == []
+    assert _lockstep_ranks(7) == [], "a lockstep rank outlived the profile"
 
 
 def test_links_cleared_holds_the_links_unshaped_and_puts_them_back_however_left(make_cluster, testbed_cli):
