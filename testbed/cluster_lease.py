@@ -1,9 +1,9 @@
 """A command's hold on a cluster: take its lease, and first finish what a killed command left in flight.
 
 `run`, `sweep`, `calibrate`, `probe`, `shape`, `down` and `profile --on` work inside `hold(name)`: one command at a
-time per cluster (registry.lease: wait up to --wait seconds, else refuse naming the holder's pid and command). A command killed with
-SIGKILL cannot clean up after itself; its trial stays noted in the lease directory (registry.record_trial). The next
-command that takes the lease finds that note, and before it starts:
+time per cluster (registry.lease: wait up to --wait seconds, else refuse naming the holder's pid and command). A
+command killed with SIGKILL cannot clean up after itself; its trial stays noted in the lease directory
+(registry.record_trial). The next command that takes the lease finds that note, and before it starts:
   1. ends the noted processes (ranks, iperf3 servers) still running: each one only if it is still the same process
      (its start time, or its lab token, matches), so a reused pid is never signalled;
   2. puts back the shaping the links had before the trial;

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -208,6 +208,17 @@ def kill_pids(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(AssertionError):
         wait_for(lambda: not [p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)], 5, "killed pids")
+
+
+@contextlib.contextmanager
+def ended_on_exit(proc: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """The block's process (a command the test signals), SIGKILLed and reaped on the way out if it still runs."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
 
 
 def _zombie(pid: int) -> bool:

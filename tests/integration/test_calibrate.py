@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, one_line, pids_in_netns, run_cli, wait_for
+from conftest import REPO, ended_on_exit, one_line, pids_in_netns, run_cli, wait_for
 
 pytestmark = pytest.mark.root
 
@@ -118,14 +118,10 @@ def test_calibrate_unshaped_clears_the_shaping_and_puts_it_back(testbed_cli, cli
                              "--sizes", "1mb,16mb,128mb", "--reps", "50", "--out", str(out)],
                             env={**cli_env, "TMPDIR": str(tmp)}, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
+    with ended_on_exit(proc):
         wait_for(lambda: len(list(tmp.glob("testbed-calibrate-*/logs/rank*.log"))) == 2, 120, "both ranks started")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "interrupted (SIGTERM)" in one_line(err) and "shaping put back" in err
     assert list(tmp.iterdir()) == [] and not out.exists()

@@ -127,30 +127,31 @@ def test_sigterm_during_a_profile_on_a_cluster_ends_its_ranks_and_puts_the_shapi
                                                                                          testbed_cli, tmp_path):
     """A signal while the in-place ranks run on the cluster's hosts: they are ended, the shaping is put back, nothing
     is stored, and the command exits 128 + 15. The test signals once the ranks run (found in /proc), never after a
-    sleep; 5000 steps keep them running far longer than it takes to send it."""
+    sleep; 5000 steps keep them running far longer than it takes to send it. The ranks' environment is a trial
+    rank's allowlist: a credential of the controller's stays out of it."""
     import signal
     import subprocess
     import sys
 
-    from conftest import REPO, wait_for
+    from conftest import REPO, ended_on_exit, wait_for
 
     name = make_cluster(2, "--bw", "2mbit")
     out = tmp_path / "profiles"
     proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "profile", "--model", "mlp", "--batch-size", "29",
                              "--threads", "1", "--colocated", "2", "--iters", "5000", "--compressors", "syncsgd",
-                             "--on", name, "--out", str(out)], env=cli_env, cwd=REPO, stdout=subprocess.DEVNULL,
+                             "--on", name, "--out", str(out)], env={**cli_env, "AWS_SECRET_ACCESS_KEY": "not-for-ranks"},
+                            cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
+    with ended_on_exit(proc):
         ranks = wait_for(lambda: _lockstep_ranks(29), 240, "the in-place ranks started")
+        environ = [Path(f"/proc/{p}/environ").read_bytes().split(b"\0") for p in ranks]
         assert _link_rates(testbed_cli, name) == {None}  # measured on unshaped links
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "stopped by a signal" in err and "nothing was stored" in err, err
     assert _lockstep_ranks(29) == [] and all(not Path(f"/proc/{p}").exists() for p in ranks)
     assert _link_rates(testbed_cli, name) == {2_000_000}
     assert not list(out.glob("*.json"))
+    for env in environ:
+        assert b"GLOO_SOCKET_IFNAME=eth0" in env and not any(v.startswith(b"AWS_SECRET_ACCESS_KEY=") for v in env)
