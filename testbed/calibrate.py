@@ -113,10 +113,7 @@ def run_calibration(
     keep_logs = False  # the working folder is kept only for an error that names the logs in it
     # what the next command on the cluster needs to end this calibration's ranks and restore the shaping after a
     # SIGKILL of this process (testbed.cluster_lease)
-    note = {"what": f"calibration {run_id}", "hosts": [h.name for h in hosts], "processes": [],
-            "shape_before": configured.to_dict() if configured else None,
-            "holder": registry.holder(cluster.name)}  # fmt: skip
-    registry.record_trial(cluster.name, note)
+    _, remember = registry.note_work(cluster, hosts, configured, what=f"calibration {run_id}")
     try:
         if shape is not None:
             say(f"shaping at {shape.describe()}")
@@ -124,11 +121,6 @@ def run_calibration(
         elif unshaped and configured is not None:
             say("clearing the shaping")
             cluster.clear_shaping(hosts)
-
-        def remember(proc) -> None:  # found again by its handle after a SIGKILL of this process
-            if (handle := proc.handle()) is not None:
-                note["processes"].append(handle)
-                registry.record_trial(cluster.name, note)
 
         if cross_traffic:
             say(f"starting {cross_traffic} cross-traffic flow{'s' * (cross_traffic != 1)}")

@@ -47,16 +47,7 @@ def links_cleared(cluster, what: str) -> Iterator[Callable[[Any], None]]:
     the note. A failure to restore is raised (after the note is cleared), naming the command that restores it."""
     hosts = cluster.hosts()
     configured = cluster.recorded_shape()
-    note: dict[str, Any] = {"what": what, "hosts": [h.name for h in hosts], "processes": [],
-                            "shape_before": configured.to_dict() if configured else None,
-                            "holder": registry.holder(cluster.name)}  # fmt: skip
-    registry.record_trial(cluster.name, note)
-
-    def remember(proc) -> None:
-        if (handle := proc.handle()) is not None:
-            note["processes"].append(handle)
-            registry.record_trial(cluster.name, note)
-
+    note, remember = registry.note_work(cluster, hosts, configured, what=what)
     try:
         if configured is not None:
             cluster.clear_shaping(hosts)

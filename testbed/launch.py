@@ -165,18 +165,9 @@ def run_trial(
     used = list(plan.hosts)
     configured = cluster.recorded_shape()
     procs, cross = [], []
-    # what the next command on this cluster needs to finish the trial if this process is killed (SIGKILL)
-    note = {"row": row, "out": str(store.root), "attempt": attempt, "hosts": [h.name for h in hosts],
-            "shape_before": configured.to_dict() if configured else None, "processes": [],
-            "holder": registry.holder(cluster.name)}  # fmt: skip
-
-    def remember(proc) -> None:  # a rank or an iperf3 server, found again by this handle after a SIGKILL
-        handle = proc.handle()
-        if handle is not None:
-            note["processes"].append(handle)
-            registry.record_trial(cluster.name, note)
-
-    registry.record_trial(cluster.name, note)
+    # what the next command on this cluster needs to finish the trial if this process is killed (SIGKILL); remember:
+    # a rank or an iperf3 server, found again by its handle
+    note, remember = registry.note_work(cluster, hosts, configured, row=row, out=str(store.root), attempt=attempt)
     try:
         say("shaping")
         if STOP.is_set():

@@ -391,10 +391,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
                          "in a sweep")  # fmt: skip
     for spec in plugins:  # the plugin's own one-line errors, before the measurement starts
         inspect(spec, free, plugin_path)
+    wait_s = wait_seconds(args)
     if args.on is not None:
-        wait_seconds(args)
         check_profile_cluster(args.on, args.colocated, args.device)  # no such cluster, too few hosts: exit 2
-    elif args.wait:
+    elif wait_s:
         raise InputError(f"--wait {args.wait:g}: applies to --on NAME (waiting for the cluster's lease); a profile "
                          "on this machine holds no cluster")  # fmt: skip
     measure = dict(image_size=args.image_size, seq_len=args.seq_len, iters=args.iters,
@@ -409,7 +409,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
         try:
             profile, path = modelling.measure_and_store(args.model, args.batch_size, compressors, args.device, args.out,
-                                                        on=on_cluster(args.on, wait_seconds(args), args.model),
+                                                        on=on_cluster(args.on, wait_s, args.model),
                                                         **measure)  # fmt: skip
         except TestbedError as e:
             if not STOP.is_set():

@@ -23,7 +23,7 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +250,25 @@ def record_trial(name: str, trial: dict[str, Any]) -> None:
     whoever takes the lease after a SIGKILL of this command can finish it. Only the lease holder calls this."""
     me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
     atomic_write(lease_path(name, "trial.json"), json.dumps({**trial, "writer": me}, sort_keys=True, default=str))
+
+
+def note_work(cluster, hosts, configured, **what: Any) -> tuple[dict[str, Any], Callable[[Any], None]]:
+    """Note a command's work on `cluster` for whoever finishes it after a SIGKILL of this process (record_trial;
+    cluster_lease.finish_dead_trial reads it): `what` (a trial's row, store and attempt, or a word of what it is), the
+    `hosts` it uses, the shaping to put back (`configured`, the recorded one) and this process as holder.
+    Returns the note (the caller may update it and record it again) and `remember(proc)`, which adds a started
+    process's handle to it, so that the next command ends that process if it is still the same one."""
+    note: dict[str, Any] = {**what, "hosts": [h.name for h in hosts], "processes": [],
+                            "shape_before": configured.to_dict() if configured else None,
+                            "holder": holder(cluster.name)}  # fmt: skip
+    record_trial(cluster.name, note)
+
+    def remember(proc) -> None:
+        if (handle := proc.handle()) is not None:
+            note["processes"].append(handle)
+            record_trial(cluster.name, note)
+
+    return note, remember
 
 
 def trial_in_flight(name: str) -> dict[str, Any] | None:
