@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, wait_for
+from conftest import REPO, ended_on_exit, wait_for
 from labhosts import create_lab_hosts, pids_in_netns
 from test_signals import rows
 
@@ -97,15 +97,11 @@ def test_signal_of_a_lab_run_leaves_nothing_running_or_shaped(lab, lab_cluster, 
     name, env, cli = lab_cluster
     out = tmp_path / "res"
     proc = _start(env, name, out)
-    try:
+    with ended_on_exit(proc):
         ranks = wait_for(lambda: len(fault_ranks(lab)) >= 2 and fault_ranks(lab), 120, "both lab ranks running")
         assert _shapes(cli, name)[1] == {50_000_000}
         proc.send_signal(sig)
         proc.wait(120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
     if sig == signal.SIGTERM:
         assert proc.returncode == 128 + sig, proc.stderr.read()[-1500:]
     else:

@@ -19,6 +19,7 @@ import pytest
 from conftest import (
     REPO,
     cluster_netns,
+    ended_on_exit,
     module_cluster,
     one_line,
     pids_in_netns,
@@ -58,15 +59,11 @@ def _interrupt_after_first_row(cli_env: dict[str, str], args: list[str], out: Pa
     """`testbed ARGS` (a sweep) in the background, Ctrl-C once its first trial is stored."""
     proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", *args], env=cli_env, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
+    with ended_on_exit(proc):
         wait_for(lambda: len(list((out / "rows").glob("*.parquet"))) >= 1 if (out / "rows").is_dir() else False,
                  240, "the first stored trial")  # fmt: skip
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(120) != 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
 
 
 SWEEP_A = ["syncsgd", "fp16", "powersgd"]  # the other built-ins are swept in test_the_other_compressors_...
@@ -234,7 +231,7 @@ def test_cli_killed_mid_run_is_cleaned_by_down(make_cluster, cli_env, testbed_cl
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    try:
+    with ended_on_exit(proc):
         wait_for(
             lambda: all(pids_in_netns(ns) for ns in cluster_netns(name) if ns.endswith(("-h0", "-h1"))),
             240,
@@ -242,9 +239,6 @@ def test_cli_killed_mid_run_is_cleaned_by_down(make_cluster, cli_env, testbed_cl
         )
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     assert any(pids_in_netns(ns) for ns in cluster_netns(name))  # the orphaned ranks are still there...
     done = testbed_cli("down", "--name", name)
     assert done.returncode == 0

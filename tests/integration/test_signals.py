@@ -19,6 +19,7 @@ import pytest
 from conftest import (
     REPO,
     cluster_netns,
+    ended_on_exit,
     module_cluster,
     one_line,
     pids_in_netns,
@@ -87,21 +88,13 @@ def rows(out: Path) -> list[dict]:
     return ResultsStore(out).read_rows()
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(30)
-
-
 def killed_run(env: dict[str, str], name: str, out: Path) -> tuple[subprocess.Popen, list[int]]:
     """A trial at 100 Mbit/s whose controller is SIGKILLed once both ranks run: (the controller, the ranks' pids)."""
     proc = start_run(env, name, out, "--bw", "100mbit")
-    try:
+    with ended_on_exit(proc):
         pids = wait_for(lambda: rank_pids(out), 240, "both ranks started")
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
-    finally:
-        stop(proc)
     return proc, pids
 
 
@@ -111,13 +104,11 @@ def test_sigterm_and_sighup_stop_the_trial_like_ctrl_c(cluster, cli_env, testbed
     name = cluster
     out = tmp_path / "res"
     proc = start_run(cli_env, name, out, "--bw", "100mbit")
-    try:
+    with ended_on_exit(proc):
         pids = wait_for(lambda: rank_pids(out), 240, "both ranks started")
         assert link_rates(testbed_cli, name) == {100_000_000}  # the trial's shaping is on
         proc.send_signal(sig)
         assert proc.wait(120) == 128 + sig, stderr_of(proc)
-    finally:
-        stop(proc)
     assert not [p for p in pids if alive(p)], "ranks still running after the controller stopped"
     assert not any(pids_in_netns(ns) for ns in cluster_netns(name))
     assert link_rates(testbed_cli, name) == {1_000_000_000}  # the cluster's own shaping is back
@@ -187,7 +178,7 @@ def test_a_full_or_read_only_results_directory_keeps_the_row(cluster, cli_env, t
         else:  # rows/ bind-mounted onto itself, made read-only while the trial runs
             stack.enter_context(mounted(["--bind", str(out / "rows")], out / "rows"))
         proc = start_run(cli_env, name, out, "--bw", "100mbit", fault=f"gate:{gate}")
-        try:
+        with ended_on_exit(proc):
             wait_for(lambda: rank_pids(out), 240, "both ranks started")
             if fault == "full":
                 fd = os.open(out / "rows" / ".filler", os.O_WRONLY | os.O_CREAT)
@@ -199,8 +190,6 @@ def test_a_full_or_read_only_results_directory_keeps_the_row(cluster, cli_env, t
                 subprocess.run(["mount", "-o", "remount,bind,ro", str(out / "rows")], check=True)
             gate.touch()
             assert proc.wait(240) == 1
-        finally:
-            stop(proc)
         line = one_line(stderr_of(proc))
         reason = "No space left on device" if fault == "full" else "Read-only file system"
         assert reason in line and "--store-pending" in line, line
