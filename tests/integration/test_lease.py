@@ -8,6 +8,7 @@ it, `tcshow` writes the qdisc its host's link had while the trial ran.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -16,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, one_line, wait_for
-from test_signals import FAST, FAULT_RUNNER, link_rates, rank_pids, rows, start_run, stderr_of, stop
+from conftest import REPO, ended_on_exit, one_line, wait_for
+from test_signals import FAST, FAULT_RUNNER, link_rates, rank_pids, rows, start_run, stderr_of
 
 pytestmark = pytest.mark.root
 
@@ -28,7 +29,7 @@ def test_shape_and_a_second_run_during_a_run_are_refused_naming_the_holder(
     name = make_cluster(2, "--bw", "1gbit")
     out = tmp_path / "res"
     proc = start_run(cli_env, name, out, "--bw", "100mbit")
-    try:
+    with ended_on_exit(proc):
         wait_for(lambda: rank_pids(out), 60, "both ranks started")
         shaped = testbed_cli("shape", "--name", name, "--bw", "500mbit")
         assert shaped.returncode == 1
@@ -47,8 +48,6 @@ def test_shape_and_a_second_run_during_a_run_are_refused_naming_the_holder(
         assert status["in_use_by"]["pid"] == proc.pid
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 128 + signal.SIGTERM, stderr_of(proc)
-    finally:
-        stop(proc)
     # the run's restore put the cluster's own 1gbit back: a refused shape never slipped in between
     assert link_rates(testbed_cli, name) == {1_000_000_000}
     assert testbed_cli("shape", "--name", name, "--bw", "500mbit").returncode == 0
@@ -70,11 +69,10 @@ def test_two_sweeps_on_one_cluster_wait_and_every_row_has_its_links_rate(make_cl
     name = make_cluster(2, "--bw", "1gbit")
     outs = [tmp_path / "a", tmp_path / "b"]
     procs = [_sweep(cli_env, name, outs[0], "100mbit,300mbit"), _sweep(cli_env, name, outs[1], "200mbit,400mbit")]
-    try:
-        results = [p.communicate(timeout=400) for p in procs]
-    finally:
+    with contextlib.ExitStack() as ended:
         for p in procs:
-            stop(p)
+            ended.enter_context(ended_on_exit(p))
+        results = [p.communicate(timeout=400) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     seen = []
     for out in outs:
@@ -114,11 +112,10 @@ def test_same_out_from_two_processes_keeps_both_attempts(make_cluster, cli_env, 
         )  # fmt: skip
         for _ in range(2)
     ]
-    try:
-        results = [p.communicate(timeout=300) for p in procs]
-    finally:
+    with contextlib.ExitStack() as ended:
         for p in procs:
-            stop(p)
+            ended.enter_context(ended_on_exit(p))
+        results = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], results
     stored = rows(out)
     assert sorted(r["attempt"] for r in stored) == [1, 2] and {r["status"] for r in stored} == {"ok"}
