@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -135,6 +136,55 @@ def test_noise_over_a_results_store(tmp_path):
     assert "20.0 % apart" in text and "9.1 %" in text
 
 
+def store_launch(store: ResultsStore, trial_id: str, compressor: str, rate_bps: int, p50: float,
+                 model: str = "cnn", world_size: int = 2, status: str = "ok") -> None:  # fmt: skip
+    store.append({"trial_id": trial_id, "status": status, "model": model, "batch_size": 8, "world_size": world_size,
+                  "compressor": compressor, "compressor_options": "{}", "rate_bps": rate_bps,
+                  "iter_time_s_p50": p50})  # fmt: skip
+
+
+def test_the_settings_whose_launches_disagree_are_launched_once_more_and_no_others(tmp_path, monkeypatch):
+    """Seed 7, configuration 6: Multi-Sampling Top-K at 100 Mbit/s launched at 1858 and 2999 ms and was scored
+    against their median, 2430 ms. A setting whose launches lie more than the asked share of their mean from it is
+    launched once more (a median of three); which ones depends on the launches alone."""
+    store = ResultsStore(tmp_path)
+    cfg = {**FAST, "compressors": ["syncsgd", "topk", "mstopk"]}
+    store_launch(store, "a1", "syncsgd", 100_000_000, 1.00)
+    store_launch(store, "a2", "syncsgd", 100_000_000, 1.04)  # 2.0 % of their mean: settled
+    store_launch(store, "b1", "topk", 100_000_000, 1.858)
+    store_launch(store, "b2", "topk", 100_000_000, 2.999)  # 23.5 %: launched again
+    store_launch(store, "c1", "topk", 0, 1.00)
+    store_launch(store, "c2", "topk", 0, 1.12)  # 5.7 %, unshaped: launched again at 'none'
+    store_launch(store, "d1", "mstopk", 0, 1.0)
+    store_launch(store, "d2", "mstopk", 0, 1.5)
+    store_launch(store, "d3", "mstopk", 0, 1.0)  # launched again already (a resumed run): not a fourth time
+    store_launch(store, "e1", "syncsgd", 0, 1.0)
+    store_launch(store, "e2", "syncsgd", 0, 2.0, status="failed")  # one ok launch: nothing to compare
+    store_launch(store, "f1", "mstopk", 100_000_000, 1.0)
+    store_launch(store, "f2", "mstopk", 100_000_000, 1.0, model="resnet18")  # another model's,
+    store_launch(store, "f3", "mstopk", 100_000_000, 2.0, world_size=4)  # and another world size's: not this one's
+    assert ma.unsettled(tmp_path, cfg, 2, 5.0) == [("topk", "100mbit"), ("topk", "none")]
+    assert ma.unsettled(tmp_path, cfg, 2, 10.0) == [("topk", "100mbit")]
+    assert ma.unsettled(tmp_path, cfg, 3, 5.0) == [("mstopk", "none")]
+    assert ma.unsettled(tmp_path / "empty", cfg, 2, 5.0) == []  # nothing stored yet
+    asked = []
+    monkeypatch.setattr(ma, "testbed", lambda *argv, timeout_s=0: asked.append(argv) or "")
+    assert ma.launch_again(tmp_path, cfg, 2, 5.0, 6, 5, 8.0, 25.0) == [("topk", "100mbit"), ("topk", "none")]
+    assert [(a[a.index("--compressor") + 1], a[a.index("--bw") + 1]) for a in asked] == [("topk", "100mbit"),
+                                                                                         ("topk", "none")]  # fmt: skip
+    for a, (c, r) in zip(asked, [("topk", "100mbit"), ("topk", "none")], strict=True):
+        assert a[0] == "sweep" and a[a.index("--seed") + 1] == "2"  # the seed after the repetitions' 0 and 1
+        its, warm = ma.trial_iters(cfg, c, r, 6, 5, 8.0)  # the counts its repetitions ran with
+        assert (a[a.index("--iters") + 1], a[a.index("--warmup-iters") + 1]) == (str(its), str(warm))
+        assert a[a.index("--world-size") + 1] == "2" and a[a.index("--model") + 1] == "cnn"
+    # the estimate counts the launches again: RELAUNCH_SHARE of a repetition's trials more
+    plain, again = ma.estimate_wall_s(ISSUE, 6, 2, 5, 8.0), ma.estimate_wall_s(ISSUE, 6, 2, 5, 8.0, 5.0)
+    one_rep = ma.estimate_wall_s(ISSUE, 6, 2, 5, 8.0) - ma.estimate_wall_s(ISSUE, 6, 1, 5, 8.0)  # trials + profiles
+    its_profiles = ma.profile_launches(ISSUE, 6, 8.0) * (60 + 1.5 * 3 * ma.profile_iters(ISSUE, 6, 8.0)
+                                                          * ma.step_s(ISSUE))  # fmt: skip
+    assert again - plain == pytest.approx(ma.RELAUNCH_SHARE * (one_rep - its_profiles))
+
+
 def run_bench(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "bench/model_accuracy.py", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
@@ -145,7 +195,10 @@ def run_bench(*args: str) -> subprocess.CompletedProcess:
                                          (["--iters", "0"], "--iters 0"),
                                          (["--calibrate-bw", "1gbit,1000mbit"], "1000mbit names a rate given before"),
                                          (["--calibrate-bw", "none,unshaped"], "unshaped names a rate given before"),
-                                         (["--calibrate-bw", "1gbit,0"], "--calibrate-bw")])
+                                         (["--calibrate-bw", "1gbit,0"], "--calibrate-bw"),
+                                         (["--relaunch-beyond-pct", "-1"], "--relaunch-beyond-pct -1"),
+                                         (["--relaunch-beyond-pct", "100"], "--relaunch-beyond-pct 100"),
+                                         (["--relaunch-beyond-pct", "nan"], "--relaunch-beyond-pct nan")])
 def test_bad_input_is_one_line_and_exit_2(args, named, tmp_path):
     done = run_bench("--holdout", "99", "--out", str(tmp_path / "w"), *args)
     assert done.returncode == 2
@@ -159,7 +212,19 @@ def test_a_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Held-out validation, seed 3: 2 configurations" in done.stdout
     assert "estimated wall time" in done.stdout
+    assert "launched again" not in done.stdout
     assert not (tmp_path / "w").exists()
+    again = run_bench("--holdout", "3", "--configs", "2", "--iters", "6", "--min-measured-s", "8", "--dry-run",
+                      "--relaunch-beyond-pct", "5", "--out", str(tmp_path / "w"))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "a setting launched again where its launches lie more than 5 % of their mean from it" in again.stdout
+
+    def minutes(out: str) -> list[int]:  # each configuration's estimate
+        return [int(m) for m in re.findall(r"\(about (\d+) min\)", out)]
+
+    # the launches again are in each configuration's estimate
+    plain, more = minutes(done.stdout), minutes(again.stdout)
+    assert len(plain) == 2 and all(a > b for a, b in zip(more, plain, strict=True))
 
 
 def finished_config(out: Path, errors: str, verdicts: list[str]) -> None:
@@ -222,6 +287,9 @@ def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp
     assert score["settings"] == [(2.0, "compute", pytest.approx(0.1 / 1.1 * 100)), (4.0, "floor", None),
                                  (30.0, "floor", None)]
     assert "agree within 5 % of their mean: 0 of 3." in table and "Settings over 15 %: 1, bound by 1 floor." in table
+    # a seed planned with --relaunch-beyond-pct says so in its header
+    (tmp_path / "holdout.json").write_text(json.dumps({**plan, "relaunch_beyond_pct": 5.0}))
+    assert "(--min-measured-s 8), 2 repetitions (launched again beyond 5 %):" in ma.seed_table(tmp_path)
 
 
 def test_the_repeated_profiles_spread_per_floor(tmp_path):
@@ -394,8 +462,8 @@ _SLOW_BENCH = """import signal, sys
 from pathlib import Path
 
 
-def estimate_wall_s(cfg, iters, repeats, warmup, min_measured_s=0.0):
-    return 7200.0
+def estimate_wall_s(cfg, iters, repeats, warmup, min_measured_s=0.0, relaunch_beyond_pct=None):
+    return 7200.0 if relaunch_beyond_pct is None else 9000.0  # a plan without the key: not passed (an older bench)
 
 
 if __name__ == "__main__":
@@ -409,22 +477,25 @@ if __name__ == "__main__":
 """
 
 
-def test_a_sitting_stops_at_a_configurations_start_when_it_would_not_finish_in_the_time_left(tmp_path):
+@pytest.mark.parametrize("again, minutes", [({}, 120), ({"relaunch_beyond_pct": 5.0}, 150)])
+def test_a_sitting_stops_at_a_configurations_start_when_it_would_not_finish_in_the_time_left(again, minutes, tmp_path):
     """A configuration cut off by a sitting's deadline is set aside by the next sitting (one machine per
     configuration), so its part is lost: a sitting stops before a configuration whose estimate, times --slack, is more
-    than the minutes left, and removes the seconds of it that ran. Here 2 h x 1.5 against 5 minutes: stopped at once
-    (were it not, the sitting would run to its 5-minute deadline and this test's 300 s timeout)."""
+    than the minutes left, and removes the seconds of it that ran. Here 2 h (2.5 h with launches again) x 1.5 against
+    5 minutes: stopped at once (were it not, the sitting would run to its 5-minute deadline and this test's 300 s
+    timeout)."""
     seed = 424244
     work, clone, store = tmp_path / "d" / f"seed{seed}", tmp_path / "d" / f"clone{seed}", tmp_path / "s"
     commit = _stand_in_clone(clone, _SLOW_BENCH)
     work.mkdir(parents=True)
     (work / "holdout.json").write_text(json.dumps({"seed": seed, "commit": commit, "configs": [FAST], "iters": 6,
-                                                   "repeats": 2, "warmup_iters": 5, "min_measured_s": 8.0}))
+                                                   "repeats": 2, "warmup_iters": 5, "min_measured_s": 8.0, **again}))
     (work / "sitting-args").write_text("--configs\n1\n")
     done = sitting(str(seed), "5", "--dir", str(tmp_path / "d"), "--store", str(store), "--ledger",
                    str(tmp_path / "ledger.jsonl"), "--machine", "m-here")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "configuration 1 is estimated at 120 min (x150 %), and 4 min are left: stopping before it" in done.stdout
+    # the plan's estimate, with its launches again where the plan asks for them
+    assert f"configuration 1 is estimated at {minutes} min (x150 %), and 4 min are left: stopping before it" in done.stdout
     assert "configuration 1: not begun in this sitting (removed)" in done.stdout
     assert not (work / "config1").exists() and not (work / "config1.md").exists()
     assert not (work / ".stopped-before").exists() and (store / f"seed{seed}.tar.xz").is_file()
