@@ -390,14 +390,31 @@ def why_infeasible(cfg: dict, iters: int, repeats: int, warmup: int, max_min: fl
     return None
 
 
-def launch_medians(results: Path) -> dict[tuple[str, int], list[list[float]]]:
+def rate_key(rate: str) -> int:
+    """A rate as the results store keys it: bit/s, 0 unshaped."""
+    from shaping.units import is_unshaped, parse_rate_bps
+
+    return 0 if is_unshaped(rate) else int(parse_rate_bps(rate))
+
+
+def half_spread_pct(values: list[float]) -> float:
+    """(max - min) / (max + min) in %: for two values |a - b| / 2 over their mean."""
+    return (max(values) - min(values)) / (max(values) + min(values)) * 100
+
+
+def launch_medians(results: Path, cfg: dict | None = None) -> dict[tuple[str, int], list[list[float]]]:
     """Per setting (model, batch, world size, compressor and options, rate) run more than once: its launches' median
     steps (seconds), under (compressor, rate in bit/s, 0 unshaped): a held-out configuration's one model, batch and
-    world size."""
-    from testbed.results import load_results
+    world size, or with `cfg` those of its model, batch and world size ("hosts") only."""
+    from testbed.results import ResultsStore, load_results
 
+    if not any(ResultsStore(results).rows_dir.glob("*.parquet")):
+        return {}
     df = load_results(results)
     df = df[df["status"] == "ok"]
+    if cfg is not None:
+        df = df[(df["model"] == cfg["model"]) & (df["batch_size"] == cfg["batch_size"])
+                & (df["world_size"] == cfg["hosts"])]  # fmt: skip
     keys = ["model", "batch_size", "world_size", "compressor", "compressor_options", "rate_bps"]
     out: dict[tuple[str, int], list[list[float]]] = {}
     for key, g in df.groupby(keys, dropna=False):
@@ -437,23 +454,10 @@ def unsettled(results: Path, cfg: dict, launched: int, beyond_pct: float) -> lis
     at 1858 and 2999 ms, scored against 2430 ms); a third launch makes the setting's figure a median of three, which
     one launch off cannot move far. A setting launched more often than `launched` (launched again already) is not
     one; nor is a compressor given with options (the results store names it without them)."""
-    from shaping.units import is_unshaped, parse_rate_bps
-    from testbed.results import ResultsStore, load_results
-
-    if not any(ResultsStore(results).rows_dir.glob("*.parquet")):
-        return []
-    df = load_results(results)
-    df = df[(df["status"] == "ok") & (df["model"] == cfg["model"]) & (df["batch_size"] == cfg["batch_size"])
-            & (df["world_size"] == cfg["hosts"])]  # fmt: skip
-    rate_bps = df["rate_bps"].fillna(0).astype("int64")
-    out = []
-    for c in cfg["compressors"]:
-        for r in cfg["bw"]:
-            bps = 0 if is_unshaped(r) else int(parse_rate_bps(r))
-            g = df.loc[(df["compressor"] == c) & (rate_bps == bps), "iter_time_s_p50"]
-            if len(g) == launched and (g.max() - g.min()) / (g.max() + g.min()) * 100 > beyond_pct:
-                out.append((c, r))
-    return out
+    by_setting = launch_medians(results, cfg)
+    return [(c, r) for c in cfg["compressors"] for r in cfg["bw"]
+            if any(len(g) == launched and half_spread_pct(g) > beyond_pct
+                   for g in by_setting.get((c, rate_key(r)), []))]  # fmt: skip
 
 
 def launch_again(results: Path, cfg: dict, repeats: int, beyond_pct: float, iters: int, warmup: int,
@@ -511,7 +515,7 @@ def profile_spread_pct(profiles: Path) -> dict[str, float]:
         for name, c in p.compressors.items():
             if c.lockstep_step_s:
                 values.setdefault(name, []).append(c.lockstep_step_s)
-    return {k: (max(v) - min(v)) / (max(v) + min(v)) * 100 for k, v in values.items() if len(v) > 1}
+    return {k: half_spread_pct(v) for k, v in values.items() if len(v) > 1}
 
 
 def describe_noise(n: dict[str, list[float]]) -> str:
@@ -551,8 +555,6 @@ def config_score(out: Path) -> dict | None:
     """A finished configuration's scores (None: not finished): the model's |error| per prediction, the crossover
     verdicts' kinds, the measurement's own noise (`noise`), the profiles' (`profile_spread_pct`), and per prediction
     (|error|, what bound it, its launches' `noise_floor_pct` or None) for `misses`."""
-    from shaping.units import is_unshaped, parse_rate_bps
-
     if not config_done(out):
         return None
     err = pd.read_csv(out / "report" / "prediction_error.csv")
@@ -560,8 +562,7 @@ def config_score(out: Path) -> dict | None:
     medians = launch_medians(out / "results")
     settings, signed = [], []
     for r in err.itertuples():
-        rate = 0 if is_unshaped(r.bandwidth) else int(parse_rate_bps(r.bandwidth))
-        gs = medians.get((r.compressor, rate), [])
+        gs = medians.get((r.compressor, rate_key(r.bandwidth)), [])
         signed.append(float(r.error_pct))
         # its launches' own noise: for 2 launches |a - b| / 2 over their mean (None: launched once)
         settings.append((abs(signed[-1]), str(r.bound_by), noise_floor_pct(gs)[0] if len(gs) == 1 else None))
