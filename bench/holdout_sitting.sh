@@ -107,7 +107,7 @@ ma = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ma)
 p = json.load(open(sys.argv[1]))
 c = p["configs"][int(sys.argv[2]) - 1]
-again = {"relaunch_beyond_pct": p["relaunch_beyond_pct"]} if "relaunch_beyond_pct" in p else {}  # a later plan's
+again = {k: p[k] for k in ("relaunch_beyond_pct", "max_launches") if k in p}  # a later plan's (an older bench: neither)
 print(round(ma.estimate_wall_s(c, p["iters"], p["repeats"], p["warmup_iters"], p["min_measured_s"], **again)))
 EOF
   ) || true

@@ -46,9 +46,11 @@ launch to launch as a trial does, so a repetition's profile is launched at least
 MAX_PROFILE_ITERS steps last less than S (`profile_launches`, MIN_PROFILE_LAUNCHES to MAX_PROFILE_LAUNCHES; folders
 `<n>hosts-rep<r>-launch<j>`), all of them pooled.
 
-`--relaunch-beyond-pct PCT` launches a setting once more, after the repetitions, where its launches' median steps lie
-more than PCT % of their mean from it (`unsettled`): one launch off on shared cores moves a median of two by half its
-offset, a median of three hardly. Which settings go again depends on the launches alone, never on a prediction.
+`--relaunch-beyond-pct PCT` launches a setting once more, after the repetitions, where one more launch, however far
+off, could move the median of its launches by more than PCT % (`unsettled`; for two launches: where they lie more
+than PCT % of their mean from it): one launch off on shared cores moves a median of two by half its offset, a median
+of three hardly. `--max-launches N` goes on launching such a setting until it is settled or has N launches in all
+(default: the repetitions and one). Which settings go again depends on the launches alone, never on a prediction.
 """
 
 from __future__ import annotations
@@ -338,11 +340,10 @@ def profile_dirs(profiles: Path, hosts: int, rep: int, launches: int) -> list[Pa
 
 
 def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int, min_measured_s: float = 0.0,
-                    relaunch_beyond_pct: float = 0.0) -> float:  # fmt: skip
+                    relaunch_beyond_pct: float = 0.0, max_launches: int | None = None) -> float:  # fmt: skip
     """A rough wall time: every trial's steps (compute and the wire at its rate), the co-located profiles of each
-    repetition, and a calibration per rate; with `relaunch_beyond_pct`, the launches again of RELAUNCH_SHARE of the
-    trials (`unsettled`)."""
-    launches = repeats + (RELAUNCH_SHARE if relaunch_beyond_pct > 0 else 0.0)
+    repetition, and a calibration per rate; with `relaunch_beyond_pct`, the launches again (`relaunch_share`)."""
+    launches = repeats + relaunch_share(repeats, relaunch_beyond_pct, max_launches)
     trials = sum(15 + sum(trial_iters(cfg, c, r, iters, warmup, min_measured_s)) * trial_step_s(cfg, c, r)
                  for c in cfg["compressors"] for r in cfg["bw"]) * launches  # fmt: skip
     one_profile = 60 + 1.5 * len(cfg["compressors"]) * profile_iters(cfg, iters, min_measured_s) * step_s(cfg)
@@ -376,15 +377,15 @@ def rank_gb(cfg: dict) -> float:
     return fixed + per_sample * cfg["batch_size"]
 
 
-def why_infeasible(cfg: dict, iters: int, repeats: int, warmup: int, max_min: float,
-                   min_measured_s: float = 0.0, relaunch_beyond_pct: float = 0.0) -> str | None:  # fmt: skip
+def why_infeasible(cfg: dict, iters: int, repeats: int, warmup: int, max_min: float, min_measured_s: float = 0.0,
+                   relaunch_beyond_pct: float = 0.0, max_launches: int | None = None) -> str | None:  # fmt: skip
     """Why this machine cannot run the configuration in one sitting (None: it can): its ranks' memory beyond 80 % of
     this machine's, or an estimated wall time beyond `max_min` minutes (0: no limit)."""
     ram_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     need = cfg["hosts"] * rank_gb(cfg)
     if need > 0.8 * ram_gb:
         return f"{cfg['hosts']} ranks need about {need:.0f} GB, this machine has {ram_gb:.0f}"
-    est = estimate_wall_s(cfg, iters, repeats, warmup, min_measured_s, relaunch_beyond_pct) / 60
+    est = estimate_wall_s(cfg, iters, repeats, warmup, min_measured_s, relaunch_beyond_pct, max_launches) / 60
     if max_min and est > max_min:
         return f"about {est:.0f} min, more than --max-config-min {max_min:g}"
     return None
@@ -444,38 +445,65 @@ def noise_floor_pct(medians: list[list[float]]) -> list[float]:
 
 RELAUNCH_SHARE = 0.25  # of a seed's settings, what the estimate expects --relaunch-beyond-pct 5 to launch again:
 # seed 7's configurations 1-6 had 29 of 120 settings whose two launches lay more than 5 % of their mean from it
+RELAUNCH_DECAY = 0.5  # of those, the share each further launch leaves unsettled (--max-launches): seed 8's
+# configuration 1 launched 3 of 25 settings again, and one more launch could move 1 of the 3 medians beyond 5 %
+
+
+def relaunch_share(repeats: int, beyond_pct: float, max_launches: int | None = None) -> float:
+    """The launches again the estimate expects, in repetitions: RELAUNCH_SHARE of the settings once, and each further
+    launch up to `max_launches` (default: the repetitions and one) RELAUNCH_DECAY of the launches before."""
+    if beyond_pct <= 0:
+        return 0.0
+    extra = (max_launches or repeats + 1) - repeats
+    return sum(RELAUNCH_SHARE * RELAUNCH_DECAY**j for j in range(max(0, extra)))
+
+
+def median_move_pct(values: list[float]) -> float:
+    """How far one more value, however far off, could move the median of `values`, in % of it: half the gap from the
+    median to its farther neighbour (odd counts) or between the middle two (even counts). For two values
+    |a - b| / 2 over their mean (`half_spread_pct`)."""
+    g, k = sorted(values), len(values)
+    m = k // 2
+    gap = g[m] - g[m - 1] if k % 2 == 0 else max(g[m + 1] - g[m], g[m] - g[m - 1])
+    return gap / 2 / statistics.median(g) * 100
 
 
 def unsettled(results: Path, cfg: dict, launched: int, beyond_pct: float) -> list[tuple[str, str]]:
     """The settings of `cfg` (its model, batch and world size; (compressor, rate as `cfg["bw"]` names it), in the
-    plan's order) launched `launched` times whose launches' median steps lie more than `beyond_pct` % of their mean
-    from it, (max - min) / (max + min): for two launches |a - b| / 2 over their mean. One launch off on shared cores
-    moves the median of two by half its offset (seed 7, configuration 6: Multi-Sampling Top-K at 100 Mbit/s launched
-    at 1858 and 2999 ms, scored against 2430 ms); a third launch makes the setting's figure a median of three, which
-    one launch off cannot move far. A setting launched more often than `launched` (launched again already) is not
-    one; nor is a compressor given with options (the results store names it without them)."""
+    plan's order) launched `launched` times whose launches' median one more launch, however far off, could move by
+    more than `beyond_pct` % (`median_move_pct`; for two launches |a - b| / 2 over their mean). One launch off on
+    shared cores moves the median of two by half its offset (seed 7, configuration 6: Multi-Sampling Top-K at 100
+    Mbit/s launched at 1858 and 2999 ms, scored against 2430 ms); a third launch makes the setting's figure a median
+    of three, which one launch off cannot move far unless the other two lie apart as well. A setting launched more
+    often than `launched` (launched again already) is not one; nor is a compressor given with options (the results
+    store names it without them)."""
     by_setting = launch_medians(results, cfg)
     return [(c, r) for c in cfg["compressors"] for r in cfg["bw"]
-            if any(len(g) == launched and half_spread_pct(g) > beyond_pct
+            if any(len(g) == launched and median_move_pct(g) > beyond_pct
                    for g in by_setting.get((c, rate_key(r)), []))]  # fmt: skip
 
 
 def launch_again(results: Path, cfg: dict, repeats: int, beyond_pct: float, iters: int, warmup: int,
-                 min_measured_s: float, bucket_cap_mb: float) -> list[tuple[str, str]]:  # fmt: skip
+                 min_measured_s: float, bucket_cap_mb: float,
+                 max_launches: int | None = None) -> list[tuple[str, str, int]]:  # fmt: skip
     """Launch each `unsettled` setting of `cfg` once more (`testbed sweep` of its one trial, with the next seed after
-    the repetitions' and the counts its repetitions ran with; a sweep skips what is stored, so a resumed run does not
-    launch it twice), into `results`, where the report pools it with the others (the median per setting). Returns the
-    settings launched again."""
-    again = unsettled(results, cfg, repeats, beyond_pct)
-    for c, r in again:
-        its, warm = trial_iters(cfg, c, r, iters, warmup, min_measured_s)
-        print(f"{cfg['model']} {c} at {r}: launched again (its {repeats} launches more than {beyond_pct:g} % of their "
-              f"mean from it)", flush=True)  # fmt: skip
-        testbed("sweep", "--name", NAME, "--bw", r, "--compressor", c, "--world-size", str(cfg["hosts"]), "--model",
-                cfg["model"], "--batch-size", str(cfg["batch_size"]), "--iters", str(its), "--warmup-iters", str(warm),
-                "--seed", str(repeats), "--out", str(results), "--bucket-cap-mb", str(bucket_cap_mb), "--yes",
-                "--timeout", str(trial_timeout_s(cfg, [c], [r], its, warm)), timeout_s=86400)  # fmt: skip
-    return again
+    its launches' and the counts its repetitions ran with; a sweep skips what is stored, so a resumed run does not
+    launch it twice), into `results`, where the report pools it with the others (the median per setting), and again
+    while it is unsettled, until it has `max_launches` (default: the repetitions and one). Returns the launches again:
+    (compressor, rate, the setting's launches after it)."""
+    done: list[tuple[str, str, int]] = []
+    for launched in range(repeats, max_launches or repeats + 1):
+        for c, r in unsettled(results, cfg, launched, beyond_pct):
+            its, warm = trial_iters(cfg, c, r, iters, warmup, min_measured_s)
+            print(f"{cfg['model']} {c} at {r}: launched again (one more of its {launched} launches could move their "
+                  f"median by more than {beyond_pct:g} %)", flush=True)  # fmt: skip
+            testbed("sweep", "--name", NAME, "--bw", r, "--compressor", c, "--world-size", str(cfg["hosts"]),
+                    "--model", cfg["model"], "--batch-size", str(cfg["batch_size"]), "--iters", str(its),
+                    "--warmup-iters", str(warm), "--seed", str(launched), "--out", str(results), "--bucket-cap-mb",
+                    str(bucket_cap_mb), "--yes", "--timeout", str(trial_timeout_s(cfg, [c], [r], its, warm)),
+                    timeout_s=86400)  # fmt: skip
+            done.append((c, r, launched + 1))
+    return done
 
 
 def sampling_sd_pct(results: Path, draws: int = 400) -> list[float]:
@@ -632,9 +660,17 @@ def seed_table(work: Path, scores: list[dict | None] | None = None) -> str:
     text = (f"Seed {plan['seed']}, the model frozen at {plan['commit']}, {plan['iters']} measured iterations"
             f"{' (--min-measured-s ' + format(plan['min_measured_s'], 'g') + ')' if plan.get('min_measured_s') else ''}"
             f", {plan['repeats']} repetitions"
-            f"{' (launched again beyond ' + format(plan['relaunch_beyond_pct'], 'g') + ' %)' if plan.get('relaunch_beyond_pct') else ''}"
+            f"{relaunch_words(plan)}"
             ":\n\n" + md(pd.DataFrame(rows).astype(object).fillna("")))  # fmt: skip
     return text + (misses(pooled["settings"], done) if done else "")
+
+
+def relaunch_words(plan: dict) -> str:
+    """The seed table's words for the plan's launch-again rule ('' without one)."""
+    if not plan.get("relaunch_beyond_pct"):
+        return ""
+    most = f", up to {plan['max_launches']} launches" if plan.get("max_launches") else ""
+    return f" (launched again beyond {plan['relaunch_beyond_pct']:g} %{most})"
 
 
 MISS_PCT, AGREE_PCT = 15.0, 5.0  # the worst-case target; launches "agree" within this of their mean
@@ -674,7 +710,8 @@ def holdout(args: argparse.Namespace) -> int:
     """Draw, (dry-)run and score the held-out configurations (module docstring)."""
     iters, repeats = args.iters or 10, args.repeats or 2
     configs, left_out = draw_configs(args.holdout, args.configs, lambda c: why_infeasible(
-        c, iters, repeats, args.warmup_iters, args.max_config_min, args.min_measured_s, args.relaunch_beyond_pct))  # fmt: skip
+        c, iters, repeats, args.warmup_iters, args.max_config_min, args.min_measured_s, args.relaunch_beyond_pct,
+        args.max_launches))  # fmt: skip
     if args.with_issue_config:  # issue 32's 3-host configuration, which its acceptance needs among the held-out ones
         configs.insert(0, {"model": "resnet18", "hosts": 3, "batch_size": 16,
                            "compressors": ["syncsgd", "fp16", "powersgd", "signsgd", "topk"],
@@ -682,12 +719,14 @@ def holdout(args: argparse.Namespace) -> int:
     total = 0.0
     more = (f" (up to {MAX_ITERS} where {iters} would measure less than {args.min_measured_s:g} s)"
             if args.min_measured_s > 0 else "")  # fmt: skip
-    again = (f", a setting launched again where its launches lie more than {args.relaunch_beyond_pct:g} % of their "
-             f"mean from it" if args.relaunch_beyond_pct > 0 else "")  # fmt: skip
+    again = (f", a setting launched again while one more launch could move its median by more than "
+             f"{args.relaunch_beyond_pct:g} % (up to {args.max_launches or repeats + 1} launches)"
+             if args.relaunch_beyond_pct > 0 else "")  # fmt: skip
     print(f"# Held-out validation, seed {args.holdout}: {len(configs)} configurations, {iters} iterations{more}, "
           f"{repeats} repetition(s){again}; model frozen at {git_commit()}\n")
     for i, c in enumerate(configs):
-        est = estimate_wall_s(c, iters, repeats, args.warmup_iters, args.min_measured_s, args.relaunch_beyond_pct)
+        est = estimate_wall_s(c, iters, repeats, args.warmup_iters, args.min_measured_s, args.relaunch_beyond_pct,
+                              args.max_launches)  # fmt: skip
         total += est
         print(f"{i + 1}. {describe_config(c)} (about {est / 60:.0f} min)")
     for c, why in left_out:
@@ -704,7 +743,8 @@ def holdout(args: argparse.Namespace) -> int:
     plan = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
             "warmup_iters": args.warmup_iters, "min_measured_s": args.min_measured_s,
             # only when asked for: a seed planned before the option has no such key, and resumes as it was planned
-            **({"relaunch_beyond_pct": args.relaunch_beyond_pct} if args.relaunch_beyond_pct > 0 else {})}  # fmt: skip
+            **({"relaunch_beyond_pct": args.relaunch_beyond_pct} if args.relaunch_beyond_pct > 0 else {}),
+            **({"max_launches": args.max_launches} if args.max_launches else {})}  # fmt: skip
     state = work / "holdout.json"
     if state.is_file():
         started = json.loads(state.read_text())
@@ -730,6 +770,7 @@ def holdout(args: argparse.Namespace) -> int:
                     str(args.warmup_iters), "--min-measured-s", str(args.min_measured_s), "--calibrate-bw",
                     ",".join(c["bw"]), "--bucket-cap-mb",
                     str(c["bucket_cap_mb"]), "--relaunch-beyond-pct", str(args.relaunch_beyond_pct),
+                    *(["--max-launches", str(args.max_launches)] if args.max_launches else []),
                     "--out", str(out)]  # fmt: skip
             log = work / f"config{i + 1}.md"  # appended to: a resumed configuration keeps each sitting's output
             with log.open("a") as f:
@@ -749,6 +790,7 @@ def holdout(args: argparse.Namespace) -> int:
     errors, verdicts, noises = pooled["errors"], pooled["verdicts"], pooled["noise"]
     result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
               "min_measured_s": args.min_measured_s, "relaunch_beyond_pct": args.relaunch_beyond_pct,
+              "max_launches": args.max_launches or (repeats + 1 if args.relaunch_beyond_pct > 0 else repeats),
               "median_error_pct": statistics.median(errors) if errors else None,
               "worst_error_pct": max(errors) if errors else None,
               "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
@@ -783,9 +825,12 @@ def main() -> int:
                     "step, they last this long, its warm-up in proportion, and a profile's steps likewise (default 0: --iters for "
                     "every trial)")
     ap.add_argument("--relaunch-beyond-pct", type=float, default=0.0, metavar="PCT",
-                    help="after the repetitions, launch a setting once more where its launches' median steps lie more "
-                    "than PCT %% of their mean from it, so that its figure is a median of one more launch (default 0: "
-                    "never)")
+                    help="after the repetitions, launch a setting once more where one more launch, however far off, "
+                    "could move the median of its launches by more than PCT %% (for two launches: where they lie more "
+                    "than PCT %% of their mean from it) (default 0: never)")
+    ap.add_argument("--max-launches", type=int, metavar="N",
+                    help="with --relaunch-beyond-pct: launch such a setting again until it is settled or has N "
+                    "launches in all (default: the repetitions and one)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket cap of profiles and trials")
     ap.add_argument("--calibrate-bw", default="1gbit,none",
@@ -809,6 +854,13 @@ def main() -> int:
         ap.error(f"--min-measured-s {args.min_measured_s:g}: expected seconds >= 0")
     if not 0 <= args.relaunch_beyond_pct < 100:
         ap.error(f"--relaunch-beyond-pct {args.relaunch_beyond_pct:g}: expected a percentage from 0 (never) to under 100")
+    if args.max_launches is not None:
+        if args.relaunch_beyond_pct <= 0:
+            ap.error(f"--max-launches {args.max_launches}: only with --relaunch-beyond-pct PCT (which settings to "
+                     "launch again)")  # fmt: skip
+        repeats = args.repeats or (2 if args.holdout is not None else (QUICK if args.quick else FULL)["repeats"])
+        if args.max_launches <= repeats:
+            ap.error(f"--max-launches {args.max_launches}: expected more launches than the {repeats} repetitions")
     if args.iters is not None and args.iters < 1:
         ap.error(f"--iters {args.iters}: expected >= 1")
     from testbed.config import parse_rates
@@ -891,7 +943,7 @@ def main() -> int:
                     cfg = {"model": m, "hosts": n, "batch_size": args.batch_size, "bw": bw.split(","),
                            "compressors": compressors.split(",")}  # fmt: skip
                     launch_again(results, cfg, repeats, args.relaunch_beyond_pct, iters, args.warmup_iters,
-                                 args.min_measured_s, args.bucket_cap_mb)  # fmt: skip
+                                 args.min_measured_s, args.bucket_cap_mb, args.max_launches)  # fmt: skip
             print(pool_repeats(sorted(profiles.glob(f"{n}hosts-rep*")), profiles))
     finally:
         run_through_ctrl_c([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO,
