@@ -449,12 +449,16 @@ RELAUNCH_DECAY = 0.5  # of those, the share each further launch leaves unsettled
 # configuration 1 launched 3 of 25 settings again, and one more launch could move 1 of the 3 medians beyond 5 %
 
 
+def most_launches(repeats: int, beyond_pct: float, max_launches: int | None = None) -> int:
+    """The most launches a setting gets: the repetitions without a launch-again rule (`beyond_pct` 0); with one,
+    `max_launches` where given, else the repetitions and one."""
+    return repeats if beyond_pct <= 0 else max_launches or repeats + 1
+
+
 def relaunch_share(repeats: int, beyond_pct: float, max_launches: int | None = None) -> float:
     """The launches again the estimate expects, in repetitions: RELAUNCH_SHARE of the settings once, and each further
-    launch up to `max_launches` (default: the repetitions and one) RELAUNCH_DECAY of the launches before."""
-    if beyond_pct <= 0:
-        return 0.0
-    extra = (max_launches or repeats + 1) - repeats
+    launch up to `most_launches` RELAUNCH_DECAY of the launches before."""
+    extra = most_launches(repeats, beyond_pct, max_launches) - repeats
     return sum(RELAUNCH_SHARE * RELAUNCH_DECAY**j for j in range(max(0, extra)))
 
 
@@ -492,7 +496,7 @@ def launch_again(results: Path, cfg: dict, repeats: int, beyond_pct: float, iter
     while it is unsettled, until it has `max_launches` (default: the repetitions and one). Returns the launches again:
     (compressor, rate, the setting's launches after it)."""
     done: list[tuple[str, str, int]] = []
-    for launched in range(repeats, max_launches or repeats + 1):
+    for launched in range(repeats, most_launches(repeats, beyond_pct, max_launches)):
         for c, r in unsettled(results, cfg, launched, beyond_pct):
             its, warm = trial_iters(cfg, c, r, iters, warmup, min_measured_s)
             print(f"{cfg['model']} {c} at {r}: launched again (one more of its {launched} launches could move their "
@@ -720,7 +724,8 @@ def holdout(args: argparse.Namespace) -> int:
     more = (f" (up to {MAX_ITERS} where {iters} would measure less than {args.min_measured_s:g} s)"
             if args.min_measured_s > 0 else "")  # fmt: skip
     again = (f", a setting launched again while one more launch could move its median by more than "
-             f"{args.relaunch_beyond_pct:g} % (up to {args.max_launches or repeats + 1} launches)"
+             f"{args.relaunch_beyond_pct:g} % (up to {most_launches(repeats, args.relaunch_beyond_pct, args.max_launches)} "
+             "launches)"
              if args.relaunch_beyond_pct > 0 else "")  # fmt: skip
     print(f"# Held-out validation, seed {args.holdout}: {len(configs)} configurations, {iters} iterations{more}, "
           f"{repeats} repetition(s){again}; model frozen at {git_commit()}\n")
@@ -790,7 +795,7 @@ def holdout(args: argparse.Namespace) -> int:
     errors, verdicts, noises = pooled["errors"], pooled["verdicts"], pooled["noise"]
     result = {"seed": args.holdout, "configs": configs, "commit": git_commit(), "iters": iters, "repeats": repeats,
               "min_measured_s": args.min_measured_s, "relaunch_beyond_pct": args.relaunch_beyond_pct,
-              "max_launches": args.max_launches or (repeats + 1 if args.relaunch_beyond_pct > 0 else repeats),
+              "max_launches": most_launches(repeats, args.relaunch_beyond_pct, args.max_launches),
               "median_error_pct": statistics.median(errors) if errors else None,
               "worst_error_pct": max(errors) if errors else None,
               "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))},
