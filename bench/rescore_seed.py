@@ -81,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         errors = errors[~errors["compressor"].isin(args.without.split(","))]
         err = errors["error_pct"].abs()
         every += list(err)
-        print(f"{config.name}: {len(err)} predictions, median |error| {err.median():.1f} %, worst {err.max():.1f} %")
+        at_own = errors["error_at_trial_compute_pct"].abs()
+        print(f"{config.name}: {len(err)} predictions, median |error| {err.median():.1f} %, worst {err.max():.1f} %; "
+              f"with the trials' own compute: median {at_own.median():.1f} %, worst {at_own.max():.1f} %")
         if args.rows:
-            cols = ["bandwidth", "compressor", "measured_ms", "predicted_ms", "error_pct", "bound_by"]
+            cols = ["bandwidth", "compressor", "measured_ms", "predicted_ms", "error_pct", "bound_by",
+                    "measured_compute_ms", "profile_compute_ms", "error_at_trial_compute_pct"]  # fmt: skip
             print(errors[cols].round(1).to_string(index=False))
     if every:
         print(f"all: {len(every)} predictions, median |error| {statistics.median(every):.1f} %, worst {max(every):.1f} %,"

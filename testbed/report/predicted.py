@@ -84,7 +84,11 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
     """Per configuration of `aggregate` (model, batch, workers, variant, rate): predicted vs measured iteration time,
     the measured one the median over the configuration's ok trials (repeats pooled, as the speedups are; unshaped
     ones are predicted at their median measured goodput). `trials` says how many were pooled, `trial_id` names the
-    first."""
+    first. `error_at_trial_compute_pct` splits an error: it is the error the prediction would have had with the
+    trials' own compute (`measured_compute_ms`, forward + backward + optimizer, the mean over their ranks) in place
+    of the profile's (`profile_compute_ms`), so what remains comes from the terms above compute. The trials count as
+    compute whatever slowed their backward (a collective's host work beside it, a co-located peer), so this is a
+    split of the error, not a measurement of one term."""
     rows = []
     for _, r in agg.iterrows():
         bps = r["rate_bps"] if r["rate_bps"] > 0 else r.get("goodput_bps")
@@ -97,6 +101,8 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
         full, prof = predicted
         terms = s.terms(int(r["world_size"]))
         pred = full.iter_time_s
+        measured_compute = _compute_s(r)
+        profile_compute = prof.forward_s + prof.backward_s + prof.optimizer_s
         rows.append(
             {
                 "trial_id": r["trial_id"],
@@ -115,6 +121,12 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
                 "high_ms": (full.high_s or pred) * 1e3,
                 "extrapolated": terms.extrapolated(float(bps)),
                 "profile_colocated_ranks": prof.colocated_ranks,
+                # where an error comes from: the trials' own forward + backward + optimizer against the profile's,
+                # and the error had the prediction's compute been the trials' own (what is left is the terms on top
+                # of compute: communication, codec, host cost, skew, floor)
+                "measured_compute_ms": measured_compute * 1e3,
+                "profile_compute_ms": profile_compute * 1e3,
+                "error_at_trial_compute_pct": (pred - profile_compute + measured_compute - r["t_s"]) / r["t_s"] * 100,
             }
         )
     return pd.DataFrame(
@@ -135,8 +147,20 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
             "high_ms",
             "extrapolated",
             "profile_colocated_ranks",
+            "measured_compute_ms",
+            "profile_compute_ms",
+            "error_at_trial_compute_pct",
         ],
     )
+
+
+def _compute_s(r: pd.Series) -> float:
+    """A configuration's measured forward + backward + optimizer (the mean over its ranks and trials; nan when its
+    trials did not record the phases)."""
+    try:
+        return float(r["forward_s"]) + float(r["backward_s"]) + float(r["optimizer_s"])
+    except (KeyError, TypeError, ValueError):
+        return math.nan
 
 
 def fit_efficiency_from_trials(

@@ -614,6 +614,8 @@ def test_rescore_scores_a_stored_configuration_per_launch_subset(tmp_path):
     line = next(x for x in done.stdout.splitlines() if x.startswith("config8:"))
     assert line.startswith("config8: 16 predictions, median |error| ")
     assert "syncsgd" in done.stdout and "mstopk" in done.stdout  # --rows: every setting
+    assert "; with the trials' own compute: median " in line  # the error split off the profile's compute level
+    assert "error_at_trial_compute_pct" in done.stdout
     medians = set()
     for launches in ("*-rep1", "*-rep2"):
         one = rescore(seed, "--launches", launches)

@@ -186,6 +186,27 @@ def test_prediction_error_pools_repeated_trials_by_their_median(tmp_path):
     assert err["predicted_ms"].tolist() == pytest.approx(single["predicted_ms"].tolist())
 
 
+def test_prediction_error_splits_off_the_trials_own_compute(tmp_path):
+    """Each row holds the trials' forward + backward + optimizer beside the profile's, and the error the prediction
+    would have had with the trials' compute: moving the trials' compute by d moves that error by d over the measured
+    time and leaves the prediction's own error where it was; trials without phases give nan, not a crash."""
+    df = synthetic_frame(world_sizes=(2,))
+    prof = pm.profile_from_dict(pm.synthetic_profile_dict(model="resnet18", batch_size=32))
+    err = build_report(df, tmp_path / "a", profiles=[prof]).tables["errors"]
+    assert err["measured_compute_ms"].tolist() == pytest.approx([95.0] * len(err))  # 30 + 60 + 5 ms, every row
+    profile_ms = (prof.forward_s + prof.backward_s + prof.optimizer_s) * 1e3
+    assert err["profile_compute_ms"].tolist() == pytest.approx([profile_ms] * len(err))
+    slower = build_report(df.assign(backward_s=df["backward_s"] + 0.02), tmp_path / "b", profiles=[prof]).tables["errors"]
+    assert slower["error_pct"].tolist() == pytest.approx(err["error_pct"].tolist())
+    moved = slower["error_at_trial_compute_pct"] - err["error_at_trial_compute_pct"]
+    assert moved.tolist() == pytest.approx((20.0 / err["measured_ms"] * 100).tolist())
+    same = err["error_at_trial_compute_pct"] - err["error_pct"]
+    assert same.tolist() == pytest.approx(((95.0 - profile_ms) / err["measured_ms"] * 100).tolist())
+    bare = build_report(df.assign(forward_s=None), tmp_path / "c", profiles=[prof]).tables["errors"]
+    assert bare["measured_compute_ms"].isna().all() and bare["error_at_trial_compute_pct"].isna().all()
+    assert bare["error_pct"].notna().all()
+
+
 def test_sixteen_bit_baseline_excludes_dense(tmp_path):
     res = build_report(synthetic_frame(world_sizes=(2,)), tmp_path, baseline="fp16")
     # only powersgd counts against fp16: 3 rates; it wins at 10M (40x) and 100M (10x), loses at 1G
