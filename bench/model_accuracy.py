@@ -710,9 +710,14 @@ def used_seeds(ledger: Path = HOLDOUT_LEDGER) -> set[int]:
     return {int(json.loads(line)["seed"]) for line in ledger.read_text().splitlines() if line.strip()}
 
 
+def default_repeats(args: argparse.Namespace) -> int:
+    """The repetitions asked for, else the mode's: 2 for --holdout, else the grid's (--quick or the full one)."""
+    return args.repeats or (2 if args.holdout is not None else (QUICK if args.quick else FULL)["repeats"])
+
+
 def holdout(args: argparse.Namespace) -> int:
     """Draw, (dry-)run and score the held-out configurations (module docstring)."""
-    iters, repeats = args.iters or 10, args.repeats or 2
+    iters, repeats = args.iters or 10, default_repeats(args)
     configs, left_out = draw_configs(args.holdout, args.configs, lambda c: why_infeasible(
         c, iters, repeats, args.warmup_iters, args.max_config_min, args.min_measured_s, args.relaunch_beyond_pct,
         args.max_launches))  # fmt: skip
@@ -863,7 +868,7 @@ def main() -> int:
         if args.relaunch_beyond_pct <= 0:
             ap.error(f"--max-launches {args.max_launches}: only with --relaunch-beyond-pct PCT (which settings to "
                      "launch again)")  # fmt: skip
-        repeats = args.repeats or (2 if args.holdout is not None else (QUICK if args.quick else FULL)["repeats"])
+        repeats = default_repeats(args)
         if args.max_launches <= repeats:
             ap.error(f"--max-launches {args.max_launches}: expected more launches than the {repeats} repetitions")
     if args.iters is not None and args.iters < 1:
@@ -892,7 +897,7 @@ def main() -> int:
     bw = args.bw or base["bw"]
     compressors = args.compressors or base["compressors"]
     iters = args.iters or base["iters"]
-    repeats = args.repeats or base["repeats"]
+    repeats = default_repeats(args)
     if repeats < 1:
         raise SystemExit(f"--repeats {repeats}: expected >= 1")
     from testbed import perfmodel as pm

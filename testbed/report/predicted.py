@@ -101,8 +101,7 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
         full, prof = predicted
         terms = s.terms(int(r["world_size"]))
         pred = full.iter_time_s
-        measured_compute = _compute_s(r)
-        profile_compute = prof.forward_s + prof.backward_s + prof.optimizer_s
+        measured_compute = float(r["forward_s"] + r["backward_s"] + r["optimizer_s"])  # nan without phases
         rows.append(
             {
                 "trial_id": r["trial_id"],
@@ -125,8 +124,8 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
                 # and the error had the prediction's compute been the trials' own (what is left is the terms on top
                 # of compute: communication, codec, host cost, skew, floor)
                 "measured_compute_ms": measured_compute * 1e3,
-                "profile_compute_ms": profile_compute * 1e3,
-                "error_at_trial_compute_pct": (pred - profile_compute + measured_compute - r["t_s"]) / r["t_s"] * 100,
+                "profile_compute_ms": prof.compute_s * 1e3,
+                "error_at_trial_compute_pct": (pred - prof.compute_s + measured_compute - r["t_s"]) / r["t_s"] * 100,
             }
         )
     return pd.DataFrame(
@@ -152,15 +151,6 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
             "error_at_trial_compute_pct",
         ],
     )
-
-
-def _compute_s(r: pd.Series) -> float:
-    """A configuration's measured forward + backward + optimizer (the mean over its ranks and trials; nan when its
-    trials did not record the phases)."""
-    try:
-        return float(r["forward_s"]) + float(r["backward_s"]) + float(r["optimizer_s"])
-    except (KeyError, TypeError, ValueError):
-        return math.nan
 
 
 def fit_efficiency_from_trials(
