@@ -63,8 +63,8 @@ def parse_bandwidths(text: str, points: int) -> list[float]:
 
 def resolve_unshaped(bandwidths_bps: list[float], terms: pm.ModelTerms | pm.TermsByRate,
                      world_size: int) -> tuple[list[float], float | None]:  # fmt: skip
-    """`none` (math.inf from parse_bandwidths) at the rate an unshaped link gives the collectives, the all-reduce
-    bandwidth of an unshaped calibration; InputError without one. Returns the rates and that rate (None if unused)."""
+    """`none` (math.inf from parse_bandwidths) where an unshaped calibration sits on the rate axis (the all-reduce
+    bandwidth it reached, or above every shaped calibration: terms.axis_rates_bps); InputError without one. Returns the rates and that rate (None if unused)."""
     if math.inf not in bandwidths_bps:
         return bandwidths_bps, None
     at = terms.unshaped_rate_bps
@@ -340,7 +340,8 @@ def add_commands(subparsers: Any) -> None:
         "--bw",
         default=DEFAULT_BW_RANGE,
         help="range 10mbit..10gbit (log grid), list 100mbit,1gbit, or one rate; `none` in a list or alone: an "
-        "unshaped link, at the all-reduce bandwidth an unshaped calibration reached (default: %(default)s)",
+        "unshaped link, where an unshaped calibration sits on the rate axis: the all-reduce bandwidth it reached, or "
+        "above every shaped calibration (default: %(default)s)",
     )
     p.add_argument("--points", type=int, default=25, help="grid points for a range (default: 25)")
     p.add_argument("--compute-speedup", default="1", help="what-if: forward/backward/optimizer k times faster")

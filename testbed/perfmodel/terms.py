@@ -160,6 +160,18 @@ def calibrated_rate_bps(c: Calibration) -> float:
     return float(c.rate_bps) if c.rate_bps else float(c.fitted.bandwidth_bps)
 
 
+def axis_rates_bps(calibrations: Sequence[Calibration]) -> list[float]:
+    """Where each of a group's calibrations sits on the rate axis that `TermsByRate` interpolates along: a shaped one
+    at its rate; an unshaped one above every shaped one, since it measured the link no shaping slows: at the
+    all-reduce bandwidth it reached (`calibrated_rate_bps`) or, where a shaped rate lies within 10 % of that or above
+    it, 10 % above the highest shaped rate. (Seed 8's configuration 4 reached 4.69 Gbit unshaped beside a 5 Gbit
+    calibration: placed at 4.69 Gbit, every unshaped trial, predicted at its goodput, took the 5 Gbit calibration's
+    host and contention terms instead of the unshaped one's.)"""
+    top = max((float(c.rate_bps) for c in calibrations if c.rate_bps), default=0.0)
+    return [calibrated_rate_bps(c) if c.rate_bps else max(calibrated_rate_bps(c), top * (1 + EXTRAPOLATION_TOLERANCE))
+            for c in calibrations]
+
+
 _INTERPOLATED = (
     "latency_s",
     "host_s_per_wire_byte",
@@ -188,10 +200,10 @@ class TermsByRate:
     """The collective terms of calibrations at several rates (one world size and backend): at a bandwidth, each term
     interpolated linearly in log(rate) between the two calibrations around it, the nearest one's outside their
     range. The efficiency (a fraction of a shaped rate) comes from the shaped calibrations only, the other terms
-    from all of them (an unshaped one at the all-reduce bandwidth it reached). Latency / efficiency given on the
+    from all of them (an unshaped one above the shaped ones: `axis_rates_bps`). Latency / efficiency given on the
     command line override every point."""
 
-    calibrations: tuple[Calibration, ...]  # ascending calibrated_rate_bps, one per rate
+    calibrations: tuple[Calibration, ...]  # one per rate, ascending on the rate axis (axis_rates_bps): unshaped last
     latency_s: float | None = None
     efficiency: float | None = None
 
@@ -202,7 +214,7 @@ class TermsByRate:
     @cached_property
     def _points(self) -> tuple[list[float], list[dict[str, float]]]:
         """Each calibration's rate and terms, computed once (a curve or crossover asks at many bandwidths)."""
-        return [calibrated_rate_bps(c) for c in self.calibrations], [c.model_terms() for c in self.calibrations]
+        return axis_rates_bps(self.calibrations), [c.model_terms() for c in self.calibrations]
 
     def at(self, bandwidth_bps: float) -> ModelTerms:
         """The terms at `bandwidth_bps`."""
@@ -247,8 +259,11 @@ class TermsByRate:
 
     @property
     def unshaped_rate_bps(self) -> float | None:
-        """The rate an unshaped link stands at: the all-reduce bandwidth the unshaped calibration reached."""
-        return next((calibrated_rate_bps(c) for c in self.calibrations if c.rate_bps is None), None)
+        """The rate an unshaped link stands at: where the unshaped calibration sits on the rate axis
+        (`axis_rates_bps`: the all-reduce bandwidth it reached, or above the highest shaped rate), so that a
+        prediction there takes its terms."""
+        return next((r for r, c in zip(self.calibrated_rates_bps, self.calibrations, strict=True) if c.rate_bps is None),
+                    None)  # fmt: skip
 
     def network(self, world_size: int, bandwidth_bps: float, extra_latency_s: float = 0.0) -> Network:
         return self.at(bandwidth_bps).network(world_size, bandwidth_bps, extra_latency_s)
@@ -272,15 +287,13 @@ class TermsByRate:
             "calibrated_rates_bps": list(self.calibrated_rates_bps),
             "calibrated_unshaped": self.calibrated_unshaped,
             "interpolated_by_rate": [
-                {"rate_bps": calibrated_rate_bps(c), **self.at(calibrated_rate_bps(c)).as_dict()}
-                for c in self.calibrations
+                {"rate_bps": r, **self.at(r).as_dict()} for r in self.calibrated_rates_bps
             ]
         }
 
     def describe(self) -> str:
         parts = [
-            f"at {format_rate(int(calibrated_rate_bps(c)))}: {self.at(calibrated_rate_bps(c)).describe_terms()}"
-            for c in self.calibrations
+            f"at {format_rate(int(r))}: {self.at(r).describe_terms()}" for r in self.calibrated_rates_bps
         ]
         return "; ".join(parts) + f"; {self.source}"
 
@@ -289,7 +302,8 @@ def pick_calibrations(
     calibrations: Iterable[Calibration], world_size: int, backend: str | None = None, cross_traffic: int = 0
 ) -> list[Calibration]:
     """The calibrations a prediction for `world_size` ranks interpolates between: beside `cross_traffic` flows, the
-    same backend when given, the closest world size, the newest one at each rate; ascending by calibrated_rate_bps."""
+    same backend when given, the closest world size, the newest one at each rate; ascending on the rate axis (the
+    shaped ones by rate, an unshaped one last: `axis_rates_bps`)."""
     calibrations = list(calibrations)
     first = pick_calibration(calibrations, world_size, backend, cross_traffic)
     if first is None:
@@ -299,7 +313,7 @@ def pick_calibrations(
     newest: dict[int | None, Calibration] = {}
     for c in sorted(same, key=lambda c: newest_first_key(c.created_at)):
         newest.setdefault(c.rate_bps, c)
-    return sorted(newest.values(), key=calibrated_rate_bps)
+    return sorted(newest.values(), key=lambda c: (c.rate_bps is None, calibrated_rate_bps(c)))
 
 
 def terms_for(

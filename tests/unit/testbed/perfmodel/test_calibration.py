@@ -364,6 +364,31 @@ def test_calibrations_at_several_rates_are_interpolated_in_log_rate():
     assert "defaults" in pm.terms_for([], 2).source
 
 
+def test_an_unshaped_calibration_sits_above_every_shaped_one_so_unshaped_trials_take_its_terms():
+    """Seed 8's configuration 4: unshaped, the all-reduce reached 4.69 Gbit, below the 5 Gbit shaped calibration. An
+    unshaped trial is predicted at its goodput (beyond both): it must take the unshaped calibration's terms, not the
+    5 Gbit one's; between the two, the terms are interpolated from the 5 Gbit one's to the unshaped one's."""
+    shaped = _at(5 * 10**9, k=2.3e-9, c_byte=2.9e-9, b_ar=3.7e9, p=4)
+    free = _at(None, k=1.6e-9, c_byte=1.6e-9, b_ar=4.69e9, p=4)
+    low = _at(10**9, k=3.5e-9, c_byte=0.8e-9, b_ar=0.93e9, p=4)
+    terms = pm.terms_for([free, shaped, low], 4)
+    assert terms.calibrations == (low, shaped, free)  # the unshaped one last, though it reached less than 5 Gbit
+    assert terms.calibrated_rates_bps == pytest.approx((1e9, 5e9, 5.5e9))  # 10 % above the highest shaped rate
+    goodput = 15e9
+    assert terms.at(goodput).host_s_per_wire_byte == pytest.approx(1.6e-9)  # the unshaped calibration's own terms
+    assert terms.at(goodput).contention_s_per_wire_byte == pytest.approx(1.6e-9)
+    assert terms.at(5e9).host_s_per_wire_byte == pytest.approx(2.3e-9)  # a 5 Gbit trial: its own calibration's
+    assert 1.6e-9 < terms.at(5.2e9).host_s_per_wire_byte < 2.3e-9
+    # `predict --bw none` stands where the unshaped calibration sits, so it too takes its terms
+    assert terms.unshaped_rate_bps == pytest.approx(5.5e9)
+    assert terms.at(terms.unshaped_rate_bps).host_s_per_wire_byte == pytest.approx(1.6e-9)
+    assert [r["rate_bps"] for r in terms.as_dict()["interpolated_by_rate"]] == pytest.approx([1e9, 5e9, 5.5e9])
+    assert terms.as_dict()["interpolated_by_rate"][-1]["host_s_per_wire_byte"] == pytest.approx(1.6e-9)
+    # one that reached more than every shaped rate (and 10 % beyond) stays where it reached
+    fast = _at(None, k=1.6e-9, c_byte=1.6e-9, b_ar=7e9, p=4)
+    assert pm.terms_for([fast, shaped, low], 4).calibrated_rates_bps == pytest.approx((1e9, 5e9, 7e9))
+
+
 def test_interpolated_terms_decide_a_crossover_the_host_cost_hides():
     """A compressor whose only advantage at high rates is the host cost it saves (8x fewer bytes, 50 ms of codec):
     with one calibration's high host cost it wins at every rate; with the host cost calibrated lower unshaped,
