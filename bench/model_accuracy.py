@@ -33,6 +33,7 @@ calibration, each repetition's profiles and every trial (the sweep skips stored 
     python bench/model_accuracy.py --holdout 7 --configs 8 --repeats 2 --dry-run
     python bench/model_accuracy.py --seed-table /path/to/out   # a seed's scores so far, per configuration, and
                                                                # where an unfinished one stands
+    python bench/model_accuracy.py --seed-table /path/to/out --launches  # and every setting's launches one by one
 
 Each configuration's score stands beside the measurement's own noise: how far its two launches lie apart, how far a
 trial's median step would move were its steps drawn again (a bootstrap), and the error a model that knew each
@@ -669,6 +670,46 @@ def seed_table(work: Path, scores: list[dict | None] | None = None) -> str:
     return text + (misses(pooled["settings"], done) if done else "")
 
 
+def launch_list(work: Path) -> str:
+    """Every setting's launches one by one, per configuration of a held-out seed that has trials, as Markdown: each
+    launch's start (UTC) and median step, in the order they ran, beside the figure the model is scored against (their
+    median, pooled as the report pools them) and, for a finished configuration, the prediction and its error. What
+    a slow spell of the machine looks like: a setting whose later launches all ran slow."""
+    from testbed.results import load_results
+
+    plan = json.loads((work / "holdout.json").read_text())
+    out = []
+    for i, c in enumerate(plan["configs"]):
+        results = work / f"config{i + 1}" / "results"
+        df = load_results(results) if (results / "rows").is_dir() and any((results / "rows").glob("*.parquet")) else None
+        if df is None or df.empty:
+            continue
+        df = df[(df["status"] == "ok") & (df["model"] == c["model"]) & (df["batch_size"] == c["batch_size"])
+                & (df["world_size"] == c["hosts"])].sort_values("started_at")  # fmt: skip
+        err_csv = work / f"config{i + 1}" / "report" / "prediction_error.csv"
+        err = pd.read_csv(err_csv) if config_done(work / f"config{i + 1}") and err_csv.is_file() else None
+        rows = []
+        for comp in c["compressors"]:
+            for r in c["bw"]:
+                g = df[(df["compressor"] == comp) & (df["rate_bps"].fillna(0).astype(int) == rate_key(r))]
+                if g.empty:
+                    continue
+                row = {"compressor": comp, "rate": r,
+                       "launches (start UTC: median step)": ", ".join(
+                           f"{str(t)[11:19]}: {v * 1e3:.0f} ms" for t, v in zip(g["started_at"], g["iter_time_s_p50"],
+                                                                                strict=True)),
+                       "their median ms": f"{statistics.median(g['iter_time_s_p50']) * 1e3:.0f}"}  # fmt: skip
+                if err is not None:
+                    e = err[(err["compressor"] == comp) & (err["bandwidth"].map(rate_key) == rate_key(r))]
+                    row["measured ms"] = f"{e['measured_ms'].iloc[0]:.0f}" if len(e) else ""
+                    row["predicted ms"] = f"{e['predicted_ms'].iloc[0]:.0f}" if len(e) else ""
+                    row["error"] = f"{e['error_pct'].iloc[0]:+.1f} %" if len(e) else ""
+                rows.append(row)
+        state = "" if err is not None else " (not finished)"
+        out.append(f"Configuration {i + 1}{state}: {describe_config(c)}\n\n" + md(pd.DataFrame(rows)))
+    return "\n\n".join(out) if out else "no trials stored yet"
+
+
 def relaunch_words(plan: dict) -> str:
     """The seed table's words for the plan's launch-again rule ('' without one)."""
     if not plan.get("relaunch_beyond_pct"):
@@ -856,6 +897,8 @@ def main() -> int:
     ap.add_argument("--seed-table", metavar="OUT", help="print a held-out seed's scores per configuration, finished or "
                     "not (then its stored trials, calibrations and profile launches), from its --out folder (measures "
                     "nothing)")
+    ap.add_argument("--launches", action="store_true", help="with --seed-table: also list every setting's launches one "
+                    "by one (start, median step), beside its measured and predicted step")
     ap.add_argument("--max-config-min", type=float, default=120, help="with --holdout: leave out (and draw again) a "
                     "configuration estimated to take longer than this many minutes, or whose ranks need more than 80 %% "
                     "of this machine's memory (default 120; 0: no time limit)")  # fmt: skip
@@ -884,10 +927,14 @@ def main() -> int:
     if again:  # one calibration per rate: 1gbit,1000mbit would be one measured twice
         ap.error(f"--calibrate-bw {args.calibrate_bw}: {', '.join(again)} names a rate given before; expected "
                  "distinct rates")
+    if args.launches and not args.seed_table:
+        ap.error("--launches: only with --seed-table OUT (it lists that seed's launches)")
     if args.seed_table:
         if not (Path(args.seed_table) / "holdout.json").is_file():
             ap.error(f"--seed-table {args.seed_table}: no holdout.json there; expected a held-out seed's --out folder")
         print(seed_table(Path(args.seed_table)))
+        if args.launches:
+            print("\n## Every launch\n\n" + launch_list(Path(args.seed_table)))
         return 0
     if args.holdout is not None:
         return holdout(args)

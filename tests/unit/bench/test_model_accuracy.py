@@ -351,6 +351,50 @@ def test_a_seeds_table_scores_the_finished_configurations_and_names_the_rest(tmp
     assert "2 repetitions (launched again beyond 5 %, up to 5 launches):" in ma.seed_table(tmp_path)
 
 
+def test_every_launch_is_listed_in_the_order_it_ran_beside_the_score(tmp_path):
+    """Seed 8's configuration 7 was described by hand with its launches paired to the wrong starts: the list comes from
+    the stored rows, each launch with its own start and median step, in the order they ran."""
+    plan = {"seed": 9, "configs": [FAST, ISSUE], "commit": "abc123", "iters": 6, "repeats": 2}
+    (tmp_path / "holdout.json").write_text(json.dumps(plan))
+    store = ResultsStore(tmp_path / "config1" / "results")
+    row = {"status": "ok", "model": "cnn", "batch_size": 8, "world_size": 2, "compressor_options": "{}"}
+    # stored out of time order: Top-K unshaped's third launch first, a failed launch and another model's trial too
+    for tid, comp, rate, start, p50, status in (
+            ("c", "topk", 0, "2026-12-07T06:57:04+00:00", 0.439, "ok"),
+            ("a", "topk", 0, "2026-12-07T06:34:44+00:00", 0.422, "ok"),
+            ("b", "topk", 0, "2026-12-07T06:47:59+00:00", 0.352, "ok"),
+            ("d", "topk", 0, "2026-12-07T06:50:00+00:00", 9.0, "failed"),
+            ("e", "syncsgd", 100_000_000, "2026-12-07T06:31:39+00:00", 2.954, "ok")):
+        store.append({**row, "trial_id": tid * 16, "compressor": comp, "rate_bps": rate, "started_at": start,
+                      "iter_time_s_p50": p50, "status": status})
+    store.append({**row, "trial_id": "f" * 16, "model": "resnet18", "compressor": "topk", "rate_bps": 0,
+                  "started_at": "2026-12-07T06:40:00+00:00", "iter_time_s_p50": 5.0})
+    text = ma.launch_list(tmp_path)
+    assert "Configuration 1 (not finished): cnn bs8, 2 hosts" in text and "Configuration 2" not in text
+    topk = next(line for line in text.splitlines() if line.startswith("| topk | none |"))
+    assert "| 06:34:44: 422 ms, 06:47:59: 352 ms, 06:57:04: 439 ms | 422 |" in topk
+    assert "| syncsgd | 100mbit | 06:31:39: 2954 ms | 2954 |" in text
+    assert "syncsgd | none" not in text  # a setting with no launch yet has no row
+    # finished: the score beside them
+    report = tmp_path / "config1" / "report"
+    report.mkdir()
+    (report / "prediction_error.csv").write_text("compressor,bandwidth,bound_by,measured_ms,predicted_ms,error_pct\n"
+                                                 "topk,unshaped,floor,422.0,346.0,-18.0\n")
+    (report / "crossovers.csv").write_text('verdict\n"agrees"\n')
+    topk = next(line for line in ma.launch_list(tmp_path).splitlines() if line.startswith("| topk | none |"))
+    assert topk.endswith("| 422 | 422 | 346 | -18.0 % |")
+    assert "(not finished)" not in ma.launch_list(tmp_path)
+    # from the command line, beside the seed's table; alone it is refused (it lists a seed's launches)
+    done = run_bench("--seed-table", str(tmp_path), "--launches")
+    assert done.returncode == 0 and "## Every launch" in done.stdout and "06:47:59: 352 ms" in done.stdout
+    refused = run_bench("--launches")
+    assert refused.returncode == 2 and "--launches: only with --seed-table" in refused.stderr.strip().splitlines()[-1]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "holdout.json").write_text(json.dumps(plan))
+    assert ma.launch_list(empty) == "no trials stored yet"
+
+
 def test_the_repeated_profiles_spread_per_floor(tmp_path):
     from testbed.perfmodel.synthetic import synthetic_profile_dict
 
