@@ -9,8 +9,11 @@ in docs/results-format.md, "Timeline"). This module reads them back and
   instant "i" events, ts/dur in microseconds, pid = rank, tid = lane, with process/thread names), the format Perfetto
   (ui.perfetto.dev), chrome://tracing and TensorBoard's profiler plugin open. Rank clocks are aligned with the
   offsets the ranks estimated at start (`clock_offset_s`: each rank's wall clock minus rank 0's);
+* `bucket_medians` sums up every kept iteration of every rank: the medians of the iteration, of backward compute and
+  of exposed communication, and per bucket when it was ready, when its collective started, how long it was on the
+  wire and how much of that lay beside backward compute (what the model's `Prediction.timeline` is compared with);
 * `report_timelines` picks, for each variant of a results frame, one trial with a timeline (the lowest rate it ran at)
-  and its median iteration, and writes the PNG and the trace beside the report.
+  and its median iteration, and writes the PNG, the trace and the per-bucket medians (CSV) beside the report.
 
 Torch-free: reads JSON, draws with matplotlib.
 """
@@ -184,6 +187,75 @@ def plot_timeline(docs: list[dict], iteration: int, path: str | Path, title: str
     return path
 
 
+# ------------------------------------------------------------------------------------------------ medians
+BUCKET_COLUMNS = ("bucket", "ready_ms", "wire_start_ms", "wire_ms", "beside_backward_ms", "after_backward_ms", "samples")
+
+
+def _overlap_s(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """How much of the union of `spans` lies inside [lo, hi]."""
+    merged: list[list[float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in merged)
+
+
+def bucket_medians(docs: list[dict]) -> tuple[dict[str, float | int | None], pd.DataFrame]:
+    """Medians over every kept iteration of every rank (one sample each): the iteration, backward compute (its
+    window) and exposed communication (None where the trial did not mark its collectives: built-in sync SGD), and per
+    bucket (`BUCKET_COLUMNS`, ms from the start of backward): when it was handed to the hook, when its first
+    collective was issued, its collectives' time on the wire (summed over a multi-round compressor's rounds), the
+    part of that beside backward compute and the part after it, and how many samples had the bucket."""
+    its = [it for d in docs for it in d["iterations"]]
+    exposed = [it["overlap"].get("comm_exposed_s") for it in its]
+    top: dict[str, float | int | None] = {
+        "samples": len(its), "ranks": len(docs),
+        "iteration_ms": statistics.median(it["iter_time_s"] for it in its) * 1e3,
+        "backward_ms": statistics.median(it["backward_window_s"][1] - it["backward_window_s"][0] for it in its) * 1e3,
+        "exposed_ms": statistics.median(e for e in exposed if e is not None) * 1e3
+        if any(e is not None for e in exposed) else None,
+    }  # fmt: skip
+    per: dict[int, dict[str, list[float]]] = {}
+    for it in its:
+        b0, b1 = it["backward_window_s"]
+        wire: dict[int, list[tuple[float, float]]] = {}
+        for sp in it["spans"]:
+            if sp["lane"] == "wire" and "bucket" in sp:
+                wire.setdefault(int(sp["bucket"]), []).append((float(sp["start_s"]), float(sp["end_s"])))
+        ready = {int(p["bucket"]): float(p["t_s"]) for p in it["points"] if p["name"] == "bucket ready"}
+        for b in sorted(set(wire) | set(ready)):
+            row = per.setdefault(b, {c: [] for c in BUCKET_COLUMNS[1:-1]})
+            if b in ready:
+                row["ready_ms"].append((ready[b] - b0) * 1e3)
+            if b in wire:
+                spans = wire[b]
+                on_wire = sum(e - a for a, e in spans)
+                beside = _overlap_s(spans, b0, b1)
+                row["wire_start_ms"].append((min(a for a, _ in spans) - b0) * 1e3)
+                row["wire_ms"].append(on_wire * 1e3)
+                row["beside_backward_ms"].append(beside * 1e3)
+                row["after_backward_ms"].append(max(0.0, on_wire - beside) * 1e3)
+    rows = [{"bucket": b, **{c: statistics.median(v) if v else None for c, v in cols.items()},
+             "samples": max(len(v) for v in cols.values())} for b, cols in sorted(per.items())]  # fmt: skip
+    return top, pd.DataFrame(rows, columns=list(BUCKET_COLUMNS))
+
+
+def describe_medians(top: dict, buckets: pd.DataFrame) -> str:
+    """One line of `bucket_medians`: what the report's caption says under a timeline."""
+    exposed = "n/a (collectives not marked)" if top["exposed_ms"] is None else f"{top['exposed_ms']:.0f} ms"
+    text = (f"medians over {top['samples']} iterations x ranks ({top['ranks']} ranks): iteration "
+            f"{top['iteration_ms']:.0f} ms, backward compute {top['backward_ms']:.0f} ms, exposed communication "
+            f"{exposed}")  # fmt: skip
+    wired = buckets.dropna(subset=["wire_ms"])
+    if not wired.empty:
+        text += "; on the wire per bucket (beside backward / after it): " + ", ".join(
+            f"b{int(r.bucket)} {r.wire_ms:.0f} ms ({r.beside_backward_ms:.0f} / {r.after_backward_ms:.0f})"
+            for r in wired.itertuples())  # fmt: skip
+    return text
+
+
 # ------------------------------------------------------------------------------------------------ for the report
 def _label(row: pd.Series) -> str:
     opts = json.loads(row.get("compressor_options") or "{}") if isinstance(row.get("compressor_options"), str) else {}
@@ -212,7 +284,8 @@ def report_timelines(ok: pd.DataFrame, results_dir: str | Path | None, out: Path
                      trial_ids: tuple[str, ...] = ()) -> tuple[list[tuple[str, Path]], list[str]]:  # fmt: skip
     """(caption, png) per drawn trial and notes. Draws the trials named in `trial_ids` (InputError when one is not
     in `ok` or has no timeline) and, for each variant with timelines, its trial at the lowest rate; writes each
-    one's Chrome trace as timeline_<id>.trace.json beside the PNG."""
+    one's Chrome trace as timeline_<id>.trace.json and its per-bucket medians (`bucket_medians`) as
+    timeline_<id>.buckets.csv beside the PNG; the caption gives those medians."""
     if results_dir is None and not trial_ids:
         return [], []
     rows: list[pd.Series] = asked_trials(ok, results_dir, trial_ids)
@@ -244,6 +317,8 @@ def report_timelines(ok: pd.DataFrame, results_dir: str | Path | None, out: Path
         label = _label(row)
         png = plot_timeline(docs, k, out / f"timeline_{tid}.png", title=label)
         write_chrome_trace(docs, out / f"timeline_{tid}.trace.json", title=label)
-        figures.append((f"{label}: timeline of iteration {k} (trial {tid}; Chrome trace timeline_{tid}.trace.json)",
-                        png))  # fmt: skip
+        top, buckets = bucket_medians(docs)
+        buckets.round(3).to_csv(out / f"timeline_{tid}.buckets.csv", index=False)
+        figures.append((f"{label}: timeline of iteration {k} (trial {tid}; Chrome trace timeline_{tid}.trace.json; "
+                        f"{describe_medians(top, buckets)}, per bucket in timeline_{tid}.buckets.csv)", png))  # fmt: skip
     return figures, notes

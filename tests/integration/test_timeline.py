@@ -10,6 +10,7 @@ import base64
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 pytestmark = pytest.mark.root
@@ -154,6 +155,11 @@ def test_timeline_trace_and_report_on_two_hosts(make_cluster, testbed_cli, tmp_p
         assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 600
         assert f"trial {tid}" in html and base64.b64encode(png.read_bytes()).decode("ascii") in html
         _check_chrome_trace(json.loads((rep / f"timeline_{tid}.trace.json").read_text()))
+        # the per-bucket medians over every kept iteration of both ranks: each bucket's collectives on the wire
+        medians = pd.read_csv(rep / f"timeline_{tid}.buckets.csv")
+        assert len(medians) >= 2 and (medians["wire_ms"] > 0).all() and (medians["samples"] == 4).all(), medians
+        assert (medians["beside_backward_ms"] <= medians["wire_ms"] + 1e-6).all()
+        assert "backward compute" in html and f"timeline_{tid}.buckets.csv" in html
 
     bad = testbed_cli("report", str(out), "--out", str(tmp_path / "rep2"), "--timeline", "0123456789abcdef")
     assert bad.returncode == 2 and "--timeline 0123456789abcdef" in bad.stderr and len(bad.stderr.splitlines()) == 1
