@@ -9,6 +9,7 @@ judged on a new seed; docs/performance-model.md, "Held-out validation").
     python bench/rescore_seed.py DIR --launches '*-rep2*'  # only the second repetition's profile launches
     python bench/rescore_seed.py DIR --configs 7 --rows    # one configuration, every setting
     python bench/rescore_seed.py DIR --without acpsgd     # every setting but ACP-SGD's
+    python bench/rescore_seed.py DIR --configs 4 --split   # each setting's backward and what follows it, both sides
 
 DIR is a seed's --out folder (e.g. unpacked from bench/holdout_runs/seed<SEED>.tar.xz). With PYTHONPATH set to a
 clone at another commit (the seed's frozen one: `git clone . /tmp/c && git -C /tmp/c checkout COMMIT`), that model
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="glob of the profile launch folders to pool (default: every one, as the bench does)")  # fmt: skip
     ap.add_argument("--configs", default="", help="comma-separated configuration numbers (default: every finished one)")
     ap.add_argument("--rows", action="store_true", help="print every setting's measured and predicted time")
+    ap.add_argument("--split", action="store_true",
+                    help="print every setting's backward phase split at the end of its compute, measured and predicted "
+                    "(backward with its hooks' encodes; the waits, decodes and slowest rank's lateness after it)")
     ap.add_argument("--without", default="", help="comma-separated compressors whose settings are left out")
     args = ap.parse_args(argv)
     try:
@@ -87,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.rows:
             cols = ["bandwidth", "compressor", "measured_ms", "predicted_ms", "error_pct", "bound_by",
                     "measured_compute_ms", "profile_compute_ms", "error_at_trial_compute_pct"]  # fmt: skip
+            print(errors[cols].round(1).to_string(index=False))
+        if args.split:
+            cols = ["bandwidth", "compressor", "measured_ms", "predicted_ms", "error_pct", "bound_by",
+                    "measured_backward_ms", "predicted_backward_ms", "measured_after_backward_ms",
+                    "predicted_after_backward_ms"]  # fmt: skip
             print(errors[cols].round(1).to_string(index=False))
     if every:
         print(f"all: {len(every)} predictions, median |error| {statistics.median(every):.1f} %, worst {max(every):.1f} %,"

@@ -126,6 +126,13 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
                 "measured_compute_ms": measured_compute * 1e3,
                 "profile_compute_ms": prof.compute_s * 1e3,
                 "error_at_trial_compute_pct": (pred - prof.compute_s + measured_compute - r["t_s"]) / r["t_s"] * 100,
+                # the backward phase split at the end of its compute: the trials' backward with its hooks' encodes,
+                # and their waits and decodes after it; the composition's backward compute (slowed by the host share
+                # of the collectives beside it) and what follows it, with the slowest rank's lateness
+                "measured_backward_ms": float(r["backward_s"] + r["encode_s"]) * 1e3,
+                "measured_after_backward_ms": float(r["comm_s"] + r["decode_s"]) * 1e3,
+                "predicted_backward_ms": (full.backward_compute_s or 0.0) * 1e3,
+                "predicted_after_backward_ms": (full.after_backward_s or 0.0) * 1e3,
             }
         )
     return pd.DataFrame(
@@ -149,6 +156,10 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
             "measured_compute_ms",
             "profile_compute_ms",
             "error_at_trial_compute_pct",
+            "measured_backward_ms",
+            "measured_after_backward_ms",
+            "predicted_backward_ms",
+            "predicted_after_backward_ms",
         ],
     )
 

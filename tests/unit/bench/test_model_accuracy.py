@@ -659,7 +659,14 @@ def test_rescore_scores_a_stored_configuration_per_launch_subset(tmp_path):
     assert line.startswith("config8: 16 predictions, median |error| ")
     assert "syncsgd" in done.stdout and "mstopk" in done.stdout  # --rows: every setting
     assert "; with the trials' own compute: median " in line  # the error split off the profile's compute level
-    assert "error_at_trial_compute_pct" in done.stdout
+    assert "error_at_trial_compute_pct" in done.stdout and "predicted_backward_ms" not in done.stdout
+    split = rescore(seed, "--split")  # every setting's backward and what follows it, measured and predicted
+    assert split.returncode == 0, split.stderr
+    header = next(x for x in split.stdout.splitlines() if "measured_backward_ms" in x).split()
+    assert header[-4:] == ["measured_backward_ms", "predicted_backward_ms", "measured_after_backward_ms",
+                           "predicted_after_backward_ms"]  # fmt: skip
+    rows = [x.split() for x in split.stdout.splitlines() if x.split()[:2] == ["unshaped", "syncsgd"]]
+    assert len(rows) == 1 and all(float(v) > 0 for v in rows[0][-4:-2])
     medians = set()
     for launches in ("*-rep1", "*-rep2"):
         one = rescore(seed, "--launches", launches)

@@ -205,6 +205,18 @@ def test_prediction_error_splits_off_the_trials_own_compute(tmp_path):
     bare = build_report(df.assign(forward_s=None), tmp_path / "c", profiles=[prof]).tables["errors"]
     assert bare["measured_compute_ms"].isna().all() and bare["error_at_trial_compute_pct"].isna().all()
     assert bare["error_pct"].notna().all()
+    # the backward phase split at the end of its compute: the trials' backward with its encodes (60 + 10 ms) and
+    # what came after it (their waits and decodes); the composition's, which with forward and optimizer (and without
+    # a floor deciding) adds up to the prediction
+    assert err["measured_backward_ms"].tolist() == pytest.approx([70.0] * len(err))
+    moved = slower["measured_backward_ms"] - err["measured_backward_ms"]
+    assert moved.tolist() == pytest.approx([20.0] * len(err))
+    assert err["measured_after_backward_ms"].tolist() == pytest.approx(
+        ((err["measured_ms"] / 1e3 - 0.1).clip(lower=0) * 1e3 + 5.0).tolist(), abs=0.2)  # the rows' comm + decode
+    assert (err["predicted_backward_ms"] >= prof.backward_s * 1e3 - 1e-6).all()
+    rebuilt = (prof.forward_s + prof.optimizer_s) * 1e3 + err["predicted_backward_ms"] + err["predicted_after_backward_ms"]
+    assert rebuilt.tolist() == pytest.approx(err["predicted_ms"].tolist())
+    assert (err["predicted_after_backward_ms"] > 1.0).any()  # the slow rates wait for their collectives after backward
 
 
 def test_sixteen_bit_baseline_excludes_dense(tmp_path):
