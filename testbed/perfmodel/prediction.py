@@ -54,8 +54,9 @@ The model (docs/performance-model.md has the derivation and where it breaks):
    unshaped link, or host-bound collectives at a rate their host cost outlasts the wire) the floors' rate is this
    rate, and the step measured whole in place on the same links is a measurement of this very step: the floor
    decides below the composition too (seeds 7-8 of issue 32, re-scored: unshaped sync SGD composed 6.8-26.5 % above
-   its trials, from the collectives' host work the composition charges to backward, +59 to +111 ms against the
-   trials' +0 to +56; its in-place step lay within 2-7 %; judged from seed 9 on).
+   its trials, from the collectives' host work the composition charges to backward: its backward 7-38 % longer than
+   the trials' in 13 of 15 configurations, `bench/rescore_seed.py --split`; its in-place step lay within 1.7-6.6 %
+   of the trials but where the profile ran slow, seed 7's resnet50 at +21 %; judged from seed 9 on).
 7. What bound it (issue 32): the prediction names the term that decided it (`Prediction.bound_by`, the largest of
    `Prediction.breakdown`: compute, co-location, codec, exposed communication, host cost, skew; "floor" whenever a
    floor decides), and carries an
@@ -297,7 +298,7 @@ def _decide(profile: Profile, compressor: str, net: Network, blocks: bool, c: Co
     elif floor is not None and at_free_link and floor < composed:
         # the link adds nothing here: the step measured whole, in place, on the same links is this very step (seeds 7
         # and 8 of issue 32: unshaped sync SGD composed 6.8-26.5 % above its trials, charging the collectives' host
-        # work to backward, where its in-place step came within 2-7 %)
+        # work to backward, where its in-place step came within 1.7-6.6 % but for one slow profile)
         iter_s = floor
         parts["floor"] = floor - composed  # negative: what the measurement takes off the composition
         note = (f"the floor measured in place ({floor * 1e3:.0f} ms) decides: the link adds nothing to the "
