@@ -64,7 +64,8 @@ def parse_bandwidths(text: str, points: int) -> list[float]:
 def resolve_unshaped(bandwidths_bps: list[float], terms: pm.ModelTerms | pm.TermsByRate,
                      world_size: int) -> tuple[list[float], float | None]:  # fmt: skip
     """`none` (math.inf from parse_bandwidths) where an unshaped calibration sits on the rate axis (the all-reduce
-    bandwidth it reached, or above every shaped calibration: terms.axis_rates_bps); InputError without one. Returns the rates and that rate (None if unused)."""
+    bandwidth it reached, or above every shaped calibration: terms.axis_rates_bps); InputError without one. Returns
+    the rates and that rate (None if unused)."""
     if math.inf not in bandwidths_bps:
         return bandwidths_bps, None
     at = terms.unshaped_rate_bps

@@ -133,14 +133,20 @@ class Prediction:
     low_s: float | None = None  # the interval from the profile's and the calibration's spread
     high_s: float | None = None
     # the composition's backward phase split at the end of its compute (from backward's start; the encodes and the
-    # decodes that landed before are in it) and what follows it: the wait for the last collectives and decodes, and
-    # the slowest rank's lateness (straggler_s). What a trial's backward_s + encode_s and comm_s + decode_s measure
-    backward_compute_s: float | None = None
-    after_backward_s: float | None = None
+    # decodes that landed before are in it); what follows it is `after_backward_s`. What a trial's backward_s +
+    # encode_s measure
+    backward_compute_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
         return self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def after_backward_s(self) -> float:
+        """The composition's time after its backward compute (the wait for the last collectives and decodes) and the
+        slowest rank's lateness: what a trial's comm_s + decode_s measure."""
+        composed = self.iter_time_s if self.composed_s is None else self.composed_s
+        return max(0.0, composed - self.forward_s - self.optimizer_s - self.backward_compute_s)
 
     @property
     def exposed_s(self) -> float:
@@ -330,7 +336,6 @@ def _decide(profile: Profile, compressor: str, net: Network, blocks: bool, c: Co
         max(0.0, min(iter_s, composed) - half),
         high,
         c.compute_end_s,
-        max(0.0, c.iter_s - f - opt - c.compute_end_s) + straggler,
     )
 
 

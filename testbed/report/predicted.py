@@ -131,8 +131,8 @@ def prediction_errors(agg: pd.DataFrame, profiles: Sequence[pm.Profile], s: Mode
                 # of the collectives beside it) and what follows it, with the slowest rank's lateness
                 "measured_backward_ms": float(r["backward_s"] + r["encode_s"]) * 1e3,
                 "measured_after_backward_ms": float(r["comm_s"] + r["decode_s"]) * 1e3,
-                "predicted_backward_ms": (full.backward_compute_s or 0.0) * 1e3,
-                "predicted_after_backward_ms": (full.after_backward_s or 0.0) * 1e3,
+                "predicted_backward_ms": full.backward_compute_s * 1e3,
+                "predicted_after_backward_ms": full.after_backward_s * 1e3,
             }
         )
     return pd.DataFrame(
