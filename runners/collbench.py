@@ -35,7 +35,7 @@ import sys
 import time
 from datetime import timedelta
 
-from runners.contract import COLLBENCH_SCHEMA, CollBenchArgs, ContractError, RankEnv
+from runners.contract import COLLBENCH_SCHEMA, DEFAULT_PROBE_S, CollBenchArgs, ContractError, RankEnv
 from runners.files import atomic_write
 from runners.timing import lockstep_skew
 
@@ -44,6 +44,15 @@ def bus_factor(collective: str, world_size: int) -> float:
     """nccl-tests' busbw / algbw: 2(p-1)/p for all-reduce, (p-1)/p for all-gather."""
     p = world_size
     return 2 * (p - 1) / p if collective == "allreduce" else (p - 1) / p
+
+
+def probe_steps(probe_s: float, step_s: float) -> int:
+    """Training steps per contention measurement: about `probe_s` of compute, 2-8 at the default --probe-s (as every
+    stored calibration had), and down to 1 where a shorter --probe-s asks for less than two steps: the probe's steps
+    are most of a calibration's time (about 26 steps of 0.9 s on a 2-core VM, whatever the sizes), so a quick
+    calibration that asks for less gets less."""
+    fewest = 2 if probe_s >= DEFAULT_PROBE_S else 1
+    return max(fewest, min(8, int(probe_s / max(step_s, 1e-3))))
 
 
 def _training_step(torch, device, sync):
@@ -211,7 +220,7 @@ def run(args: CollBenchArgs, env: RankEnv) -> dict:
         # at the smallest and the largest size: the collective's own time beside compute gives a latency and a
         # per-byte slowdown; what it took from the compute, the host cost (largest size)
         step, step_s = _training_step(torch, device, sync)
-        steps = max(2, min(8, int(args.probe_s / max(step_s, 1e-3))))  # about --probe-s of compute per measurement
+        steps = probe_steps(args.probe_s, step_s)
         contention = []
         for size in sorted({min(args.sizes_bytes), max(args.sizes_bytes)}):
             numel, ops = collectives(size)

@@ -308,7 +308,8 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--probe-s", type=float, default=DEFAULT_PROBE_S, metavar="SECONDS",
                    help="seconds of training steps per contention measurement (the compute the collectives take "
                    "from a rank, at the smallest and largest size, per rep): most of a calibration's time at small "
-                   "sizes; shorter is quicker and noisier (default: %(default)g)")  # fmt: skip
+                   "sizes; shorter is quicker and noisier, down to one step of the probe's CNN (at the default, at least two) "
+                   "(default: %(default)g)")  # fmt: skip
     p.add_argument(
         "--cross-traffic",
         type=int,

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.root
 # the largest size moves in about 0.3-0.6 s at 200 Mbit/s: at 256kb..4mb (80-160 ms) one stall of a loaded machine on a
 # small size made the fit refuse ("time does not grow with message size") in a full suite (2026-12-03)
 # --probe-s 0.5: the contention probe's training steps (2 s per measurement by default, 8 measurements beside the
-# lockstep probe) were most of each calibration's time here; the test asks only that its terms exist and are >= 0
+# lockstep probe) were most of each calibration's time here; the test asks only that its terms exist and are >= 0. Below
+# the default the probe takes one step per measurement where a step is longer than --probe-s / 2 (about 0.9 s here)
 PROBE = ["--probe-s", "0.5"]
 SHAPED = ["--bw", "200mbit", "--sizes", "256kb,2mb,16mb", "--reps", "1", *PROBE]
 
