@@ -706,8 +706,32 @@ def launch_list(work: Path) -> str:
                     row["error"] = f"{e['error_pct'].iloc[0]:+.1f} %" if len(e) else ""
                 rows.append(row)
         state = "" if err is not None else " (not finished)"
-        out.append(f"Configuration {i + 1}{state}: {describe_config(c)}\n\n" + md(pd.DataFrame(rows)))
+        text = f"Configuration {i + 1}{state}: {describe_config(c)}\n\n" + md(pd.DataFrame(rows))
+        profiles = profile_launch_table(work / f"config{i + 1}" / "profiles", c)
+        out.append(text + (f"\n\nIts profile launches, in the order they were written:\n\n{profiles}" if profiles else ""))
     return "\n\n".join(out) if out else "no trials stored yet"
+
+
+def profile_launch_table(profiles: Path, c: dict) -> str:
+    """A configuration's co-located profile launches (each repetition's `profile_dirs`), in the order their files were
+    written (UTC): forward + backward, and each compressor's step measured whole in place, the floor a launch gives.
+    Set beside the trials' launches, it shows whether floor and trials ran at the same level of the machine (seed 9's
+    configuration 1: every in-place sync SGD step at 1143-1203 ms, its trials at 954-1036 or 1173-1230). '' without
+    one."""
+    from datetime import UTC, datetime
+
+    from testbed import perfmodel as pm
+
+    rows = []
+    for written, f in sorted((f.stat().st_mtime, f) for f in profiles.glob(f"{c['hosts']}hosts-rep*/*.json")):
+        p = pm.load_profile(f)
+        row = {"launch": f.parent.name, "written UTC": datetime.fromtimestamp(written, UTC).strftime("%H:%M:%S"),
+               "forward + backward ms": f"{(p.forward_s + p.backward_s) * 1e3:.0f}"}  # fmt: skip
+        for comp in c["compressors"]:
+            step = p.compressors[comp].lockstep_step_s if comp in p.compressors else None
+            row[f"{comp} in place ms"] = "" if step is None else f"{step * 1e3:.0f}"
+        rows.append(row)
+    return md(pd.DataFrame(rows)) if rows else ""
 
 
 def relaunch_words(plan: dict) -> str:

@@ -375,6 +375,24 @@ def test_every_launch_is_listed_in_the_order_it_ran_beside_the_score(tmp_path):
     assert "| 06:34:44: 422 ms, 06:47:59: 352 ms, 06:57:04: 439 ms | 422 |" in topk
     assert "| syncsgd | 100mbit | 06:31:39: 2954 ms | 2954 |" in text
     assert "syncsgd | none" not in text  # a setting with no launch yet has no row
+    assert "profile launches" not in text  # none written yet
+    from testbed.perfmodel.synthetic import synthetic_profile_dict
+
+    # the profile launches beside them, in the order their files were written: forward + backward and each
+    # compressor's in-place step (the floor each launch gives)
+    for name, mtime, fb, step in (("2hosts-rep1-launch2", 2000, (0.1, 0.2), 0.41), ("2hosts-rep1", 1000, (0.1, 0.3), 0.45)):
+        prof = synthetic_profile_dict("cnn", 8, forward_s=fb[0], backward_s=fb[1])
+        prof["compressors"]["topk"]["lockstep_step_s"] = step
+        f = tmp_path / "config1" / "profiles" / name / "cnn-bs8-cpu-colocated2.json"
+        f.parent.mkdir(parents=True)
+        f.write_text(json.dumps(prof))
+        os.utime(f, (mtime, mtime))
+    text = ma.launch_list(tmp_path)
+    launches = text[text.index("Its profile launches"):].splitlines()
+    assert [line.split("|")[1].strip() for line in launches if line.startswith("| 2hosts")] == ["2hosts-rep1",
+                                                                                                 "2hosts-rep1-launch2"]
+    first = next(line for line in launches if line.startswith("| 2hosts-rep1 |"))
+    assert "| 00:16:40 | 400 |" in first and "| 450 |" in first
     # finished: the score beside them
     report = tmp_path / "config1" / "report"
     report.mkdir()

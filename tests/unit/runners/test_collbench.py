@@ -8,7 +8,7 @@ from runners.contract import DEFAULT_PROBE_S
 
 def test_the_probe_takes_what_probe_s_asks_and_a_shorter_one_gets_a_single_step():
     # at the default, as every stored calibration had: 2 steps at least, 8 at most, about --probe-s of compute
-    assert probe_steps(DEFAULT_PROBE_S, 0.9) == 2  # a 2-core VM's CNN step: the floor of 2, not int(2.2)
+    assert probe_steps(DEFAULT_PROBE_S, 0.9) == 2  # a 2-core VM's CNN step: int(2 / 0.9)
     assert probe_steps(DEFAULT_PROBE_S, 1.5) == 2  # a step longer than half the probe still gets two
     assert probe_steps(DEFAULT_PROBE_S, 0.3) == 6
     assert probe_steps(DEFAULT_PROBE_S, 0.01) == 8
