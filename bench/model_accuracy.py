@@ -3,7 +3,7 @@
 For each host count n: `testbed up`, `testbed calibrate` (at each rate of --calibrate-bw), then --repeats times: `testbed profile
 --threads <per rank> --colocated n --on <the cluster>` for each model (the n emulated hosts share this machine's cores;
 the in-place ranks run on the hosts, over the veths and switch the trials' ranks use) and one `testbed sweep` over
-rates x compressors x models. The profiles of the repetitions are pooled (median of every timing), and
+rates x compressors x models (with --min-measured-s, several profile launches spread among several sweeps). The profiles of the repetitions are pooled (median of every timing), and
 `testbed report` holds each configuration's median trial against them, with the calibration. Repeating both in turn
 keeps the shared machine's drift over the run (tens of ms on a 0.4 s step) off the comparison. Prints, as Markdown:
 the calibration, the profile per repetition, the crossover table (measured / predicted, ratio, verdict), the
@@ -45,7 +45,11 @@ slow wire-bound one steady and dear. Each group of trials with the same counts i
 profiles get enough steps too: their in-place floors are medians of steps as noisy as a trial's, and they move from
 launch to launch as a trial does, so a repetition's profile is launched at least twice, and again while their
 MAX_PROFILE_ITERS steps last less than S (`profile_launches`, MIN_PROFILE_LAUNCHES to MAX_PROFILE_LAUNCHES; folders
-`<n>hosts-rep<r>-launch<j>`), all of them pooled.
+`<n>hosts-rep<r>-launch<j>`), all of them pooled. A repetition's launches are spread among its trials (`interleave`:
+the first before them, the last after them), and each round of launches again (below) has a profile launch of its own
+(`<n>hosts-rep-again<k>`): the floors are measured over the same stretch of the machine as the trials they predict
+(seed 9: two levels of the machine about 20 % apart, in states lasting minutes, and profiles launched only before the
+trials measured the one the trials mostly missed).
 
 `--relaunch-beyond-pct PCT` launches a setting once more, after the repetitions, where one more launch, however far
 off, could move the median of its launches by more than PCT % (`unsettled`; for two launches: where they lie more
@@ -57,6 +61,7 @@ of three hardly. `--max-launches N` goes on launching such a setting until it is
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -340,15 +345,56 @@ def profile_dirs(profiles: Path, hosts: int, rep: int, launches: int) -> list[Pa
     return [first, *(first.with_name(f"{first.name}-launch{j}") for j in range(2, launches + 1))]
 
 
+def profile_launch(launch_dir: Path, model: str, hosts: int, batch_size: int, threads: int, iters: int,
+                   compressors: str, bucket_cap_mb: float) -> None:  # fmt: skip
+    """One launch of the co-located profile on the bench's cluster into `launch_dir`, unless `model`'s is stored there
+    already (a resumed run)."""
+    from testbed import perfmodel as pm
+
+    launch_dir.mkdir(exist_ok=True)
+    if not any(p.model == model for p in pm.find_profiles(launch_dir)):
+        testbed("profile", "--model", model, "--batch-size", str(batch_size), "--threads", str(threads), "--colocated",
+                str(hosts), "--on", NAME, "--out", str(launch_dir), "--iters", str(iters), "--compressors", compressors,
+                "--bucket-cap-mb", str(bucket_cap_mb))  # fmt: skip
+
+
+def again_dir(profiles: Path, hosts: int, round_: int) -> Path:
+    """The profile folder of the `round_`-th round of launches again (1: the first): `<hosts>hosts-rep-again<k>`, which
+    `<hosts>hosts-rep*` matches, so the pooling reads it with the repetitions' launches."""
+    return profiles / f"{hosts}hosts-rep-again{round_}"
+
+
+def interleave(launches: list, groups: list) -> list[tuple]:
+    """The order a repetition runs in: its profile launches spread evenly among its trial grids, as (launch, None) and
+    (None, grid) pairs. The first launch goes before the first grid and, with two or more, the last after the last
+    grid, the others between (launch j of L before grid round(j G / (L - 1))). Seed 9, configuration 1: the machine
+    ran at two levels about 20 % apart, in states lasting minutes; its profiles, each launched before its
+    repetition's trials, measured sync SGD's in-place step at the upper level (1143-1203 ms) while most trials ran at
+    the lower (954-1036 ms), and the floor over-predicted the unshaped step by 21 %. Launched before and after the
+    same trials, the profile's launches sample the states those trials ran in."""
+    slots: dict[int, list] = {}
+    for j, launch in enumerate(launches):
+        at = 0 if len(launches) == 1 else round(j * len(groups) / (len(launches) - 1))
+        slots.setdefault(at, []).append(launch)
+    order: list[tuple] = []
+    for g in range(len(groups) + 1):
+        order += [(launch, None) for launch in slots.get(g, [])]
+        if g < len(groups):
+            order.append((None, groups[g]))
+    return order
+
+
 def estimate_wall_s(cfg: dict, iters: int, repeats: int, warmup: int, min_measured_s: float = 0.0,
                     relaunch_beyond_pct: float = 0.0, max_launches: int | None = None) -> float:  # fmt: skip
     """A rough wall time: every trial's steps (compute and the wire at its rate), the co-located profiles of each
-    repetition, and a calibration per rate; with `relaunch_beyond_pct`, the launches again (`relaunch_share`)."""
+    repetition, and a calibration per rate; with `relaunch_beyond_pct`, the launches again (`relaunch_share`) and a
+    profile launch before each round of them."""
     launches = repeats + relaunch_share(repeats, relaunch_beyond_pct, max_launches)
     trials = sum(15 + sum(trial_iters(cfg, c, r, iters, warmup, min_measured_s)) * trial_step_s(cfg, c, r)
                  for c in cfg["compressors"] for r in cfg["bw"]) * launches  # fmt: skip
     one_profile = 60 + 1.5 * len(cfg["compressors"]) * profile_iters(cfg, iters, min_measured_s) * step_s(cfg)
-    profiles = repeats * profile_launches(cfg, iters, min_measured_s) * one_profile
+    rounds_again = most_launches(repeats, relaunch_beyond_pct, max_launches) - repeats  # a profile launch each
+    profiles = (repeats * profile_launches(cfg, iters, min_measured_s) + rounds_again) * one_profile
     return trials + profiles + 110 * len(cfg["bw"])
 
 
@@ -490,15 +536,19 @@ def unsettled(results: Path, cfg: dict, launched: int, beyond_pct: float) -> lis
 
 def launch_again(results: Path, cfg: dict, repeats: int, beyond_pct: float, iters: int, warmup: int,
                  min_measured_s: float, bucket_cap_mb: float,
-                 max_launches: int | None = None) -> list[tuple[str, str, int]]:  # fmt: skip
+                 max_launches: int | None = None, profile=None) -> list[tuple[str, str, int]]:  # fmt: skip
     """Launch each `unsettled` setting of `cfg` once more (`testbed sweep` of its one trial, with the next seed after
     its launches' and the counts its repetitions ran with; a sweep skips what is stored, so a resumed run does not
     launch it twice), into `results`, where the report pools it with the others (the median per setting), and again
-    while it is unsettled, until it has `max_launches` (default: the repetitions and one). Returns the launches again:
-    (compressor, rate, the setting's launches after it)."""
+    while it is unsettled, until it has `max_launches` (default: the repetitions and one). `profile(k)`, where given,
+    runs before the k-th round (1: the first) that launches anything: the floors measured beside the launches they
+    predict (`interleave`). Returns the launches again: (compressor, rate, the setting's launches after it)."""
     done: list[tuple[str, str, int]] = []
     for launched in range(repeats, most_launches(repeats, beyond_pct, max_launches)):
-        for c, r in unsettled(results, cfg, launched, beyond_pct):
+        again = unsettled(results, cfg, launched, beyond_pct)
+        if again and profile is not None:
+            profile(launched - repeats + 1)
+        for c, r in again:
             its, warm = trial_iters(cfg, c, r, iters, warmup, min_measured_s)
             print(f"{cfg['model']} {c} at {r}: launched again (one more of its {launched} launches could move their "
                   f"median by more than {beyond_pct:g} %)", flush=True)  # fmt: skip
@@ -971,7 +1021,6 @@ def main() -> int:
     repeats = default_repeats(args)
     if repeats < 1:
         raise SystemExit(f"--repeats {repeats}: expected >= 1")
-    from testbed import perfmodel as pm
     work = Path(args.out or tempfile.mkdtemp(prefix="model-accuracy-"))
     profiles, results = work / "profiles", work / "results"
     profiles.mkdir(parents=True, exist_ok=True)
@@ -998,33 +1047,36 @@ def main() -> int:
             # the swept compressors only (resnet50 in lockstep: minutes each), with sync SGD: the baseline, and its
             # in-place backward is what a codec's lengthening is measured against (testbed.modelling.merge_lockstep)
             profiled = ",".join(dict.fromkeys(["syncsgd", *compressors.split(",")]))
-            # profile, then every trial once; again: the drift lands on both alike. Each repetition's trials have
-            # their own seed (their own trial ids: a sweep skips what is stored); the report pools them per setting
+            # each repetition: its profile launches spread among its trials (`interleave`), so that the floors and
+            # the compute are measured over the same stretch of the machine's drift as the trials they predict. Each
+            # repetition's trials have their own seed (their own trial ids: a sweep skips what is stored); the
+            # report pools them per setting
             for rep in range(repeats):
                 for m in models:
                     cfg = {"model": m, "hosts": n, "batch_size": args.batch_size, "bw": bw.split(","),
                            "compressors": compressors.split(",")}  # fmt: skip
                     launches = profile_launches(cfg, iters, args.min_measured_s)
                     launch_iters = profile_iters(cfg, iters, args.min_measured_s)
-                    for launch_dir in profile_dirs(profiles, n, rep + 1, launches):
-                        launch_dir.mkdir(exist_ok=True)
-                        if not any(p.model == m for p in pm.find_profiles(launch_dir)):
-                            testbed("profile", "--model", m, "--batch-size", str(args.batch_size), "--threads",
-                                    str(threads), "--colocated", str(n), "--on", NAME, "--out", str(launch_dir),
-                                    "--iters", str(launch_iters), "--compressors", profiled,
-                                    "--bucket-cap-mb", str(args.bucket_cap_mb))  # fmt: skip
-                    for rates, comps, its, warm in sweep_groups(cfg, iters, args.warmup_iters, args.min_measured_s):
+                    profile = functools.partial(profile_launch, model=m, hosts=n, batch_size=args.batch_size,
+                                                threads=threads, iters=launch_iters, compressors=profiled,
+                                                bucket_cap_mb=args.bucket_cap_mb)  # fmt: skip
+                    groups = sweep_groups(cfg, iters, args.warmup_iters, args.min_measured_s)
+                    for launch_dir, group in interleave(profile_dirs(profiles, n, rep + 1, launches), groups):
+                        if launch_dir is not None:
+                            profile(launch_dir)
+                            continue
+                        rates, comps, its, warm = group
                         testbed("sweep", "--name", NAME, "--bw", ",".join(rates), "--compressor", ",".join(comps),
                                 "--world-size", str(n), "--model", m, "--batch-size", str(args.batch_size), "--iters",
                                 str(its), "--warmup-iters", str(warm), "--seed", str(rep), "--out", str(results),
                                 "--bucket-cap-mb", str(args.bucket_cap_mb), "--yes", "--timeout",
                                 str(trial_timeout_s(cfg, comps, rates, its, warm)), timeout_s=86400)  # fmt: skip
-            if args.relaunch_beyond_pct > 0:  # once the repetitions are stored: the settings their launches left open
-                for m in models:
-                    cfg = {"model": m, "hosts": n, "batch_size": args.batch_size, "bw": bw.split(","),
-                           "compressors": compressors.split(",")}  # fmt: skip
-                    launch_again(results, cfg, repeats, args.relaunch_beyond_pct, iters, args.warmup_iters,
-                                 args.min_measured_s, args.bucket_cap_mb, args.max_launches)  # fmt: skip
+                    if args.relaunch_beyond_pct > 0 and rep == repeats - 1:
+                        # once the repetitions are stored: the settings their launches left open, each round of them
+                        # after a profile launch of its own (`again_dir`), pooled with the others
+                        launch_again(results, cfg, repeats, args.relaunch_beyond_pct, iters, args.warmup_iters,
+                                     args.min_measured_s, args.bucket_cap_mb, args.max_launches,
+                                     profile=lambda k, profile=profile, n=n: profile(again_dir(profiles, n, k)))  # fmt: skip
             print(pool_repeats(sorted(profiles.glob(f"{n}hosts-rep*")), profiles))
     finally:
         run_through_ctrl_c([sys.executable, "-m", "testbed.cli", "down", "--name", NAME], cwd=REPO,
