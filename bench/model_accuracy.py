@@ -722,7 +722,7 @@ def seed_table(work: Path, scores: list[dict | None] | None = None) -> str:
 
 def launch_list(work: Path) -> str:
     """Every setting's launches one by one, per configuration of a held-out seed that has trials, as Markdown: each
-    launch's start (UTC) and median step, in the order they ran, beside the figure the model is scored against (their
+    launch's start (UTC), median step and forward + backward, in the order they ran, beside the figure the model is scored against (their
     median, pooled as the report pools them) and, for a finished configuration, the prediction and its error. What
     a slow spell of the machine looks like: a setting whose later launches all ran slow."""
     from testbed.results import load_results
@@ -744,10 +744,15 @@ def launch_list(work: Path) -> str:
                 g = df[(df["compressor"] == comp) & (df["rate_bps"].fillna(0).astype(int) == rate_key(r))]
                 if g.empty:
                     continue
+                # each launch's compute beside its step: which level of the machine it ran at (seed 9: forward +
+                # backward 0.82-0.88 s in the fast launches, 1.00-1.06 s in the slow)
+                compute = (g["forward_s"] + g["backward_s"]) if {"forward_s", "backward_s"} <= set(g) else None
                 row = {"compressor": comp, "rate": r,
                        "launches (start UTC: median step)": ", ".join(
                            f"{str(t)[11:19]}: {v * 1e3:.0f} ms" for t, v in zip(g["started_at"], g["iter_time_s_p50"],
                                                                                 strict=True)),
+                       "their forward + backward ms": "" if compute is None else ", ".join(
+                           "-" if math.isnan(v) else f"{v * 1e3:.0f}" for v in compute),
                        "their median ms": f"{statistics.median(g['iter_time_s_p50']) * 1e3:.0f}"}  # fmt: skip
                 if err is not None:
                     e = err[(err["compressor"] == comp) & (err["bandwidth"].map(rate_key) == rate_key(r))]

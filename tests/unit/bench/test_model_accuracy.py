@@ -372,14 +372,15 @@ def test_every_launch_is_listed_in_the_order_it_ran_beside_the_score(tmp_path):
             ("d", "topk", 0, "2026-12-07T06:50:00+00:00", 9.0, "failed"),
             ("e", "syncsgd", 100_000_000, "2026-12-07T06:31:39+00:00", 2.954, "ok")):
         store.append({**row, "trial_id": tid * 16, "compressor": comp, "rate_bps": rate, "started_at": start,
-                      "iter_time_s_p50": p50, "status": status})
+                      "iter_time_s_p50": p50, "status": status, "forward_s": p50 / 4, "backward_s": p50 / 2})
     store.append({**row, "trial_id": "f" * 16, "model": "resnet18", "compressor": "topk", "rate_bps": 0,
                   "started_at": "2026-12-07T06:40:00+00:00", "iter_time_s_p50": 5.0})
     text = ma.launch_list(tmp_path)
     assert "Configuration 1 (not finished): cnn bs8, 2 hosts" in text and "Configuration 2" not in text
     topk = next(line for line in text.splitlines() if line.startswith("| topk | none |"))
-    assert "| 06:34:44: 422 ms, 06:47:59: 352 ms, 06:57:04: 439 ms | 422 |" in topk
-    assert "| syncsgd | 100mbit | 06:31:39: 2954 ms | 2954 |" in text
+    # each launch's forward + backward beside it, in the same order (the level of the machine it ran at)
+    assert "| 06:34:44: 422 ms, 06:47:59: 352 ms, 06:57:04: 439 ms | 316, 264, 329 | 422 |" in topk
+    assert "| syncsgd | 100mbit | 06:31:39: 2954 ms | 2216 | 2954 |" in text
     assert "syncsgd | none" not in text  # a setting with no launch yet has no row
     assert "profile launches" not in text  # none written yet
     from testbed.perfmodel.synthetic import synthetic_profile_dict
