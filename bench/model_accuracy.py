@@ -745,13 +745,14 @@ def launch_list(work: Path) -> str:
                 if g.empty:
                     continue
                 # each launch's compute beside its step: which level of the machine it ran at (seed 9: forward +
-                # backward 0.82-0.88 s in the fast launches, 1.00-1.06 s in the slow)
-                compute = (g["forward_s"] + g["backward_s"]) if {"forward_s", "backward_s"} <= set(g) else None
+                # backward 0.82-0.88 s in the fast launches, 1.00-1.06 s in the slow); every loaded row has both
+                # columns (testbed.results.COLUMNS), NaN where a trial stored none
+                compute = g["forward_s"] + g["backward_s"]
                 row = {"compressor": comp, "rate": r,
                        "launches (start UTC: median step)": ", ".join(
                            f"{str(t)[11:19]}: {v * 1e3:.0f} ms" for t, v in zip(g["started_at"], g["iter_time_s_p50"],
                                                                                 strict=True)),
-                       "their forward + backward ms": "" if compute is None else ", ".join(
+                       "their forward + backward ms": ", ".join(
                            "-" if math.isnan(v) else f"{v * 1e3:.0f}" for v in compute),
                        "their median ms": f"{statistics.median(g['iter_time_s_p50']) * 1e3:.0f}"}  # fmt: skip
                 if err is not None:
