@@ -20,7 +20,7 @@ COMPRESSOR=${COMPRESSOR:-topk} RATE=${RATE:-2gbit} ITERS=${ITERS:-12} WARMUP=${W
 NAME=svsu
 OUT=$(mktemp -d /var/tmp/svsu.XXXXXX)
 tb() { (cd "$REPO" && "$PY" -m testbed.cli "$@"); }
-trap 'tb down --name "$NAME" >/dev/null 2>&1 || true' EXIT
+trap 'tb down --name "$NAME" >/dev/null 2>&1 || true; rm -rf "$OUT"' EXIT  # also after a failure halfway
 cpu() { awk '/^cpu /{print $2+$3, $4, $7+$8, $5+$6}' /proc/stat; }  # user+nice, system, irq+softirq, idle+iowait
 tb up --name "$NAME" --hosts "$HOSTS" --recreate >/dev/null
 echo "# $COMPRESSOR, $MODEL bs$BATCH, $HOSTS hosts, buckets $BUCKET_MB MB, $ITERS steps after $WARMUP; $(date -u +%FT%TZ)"
@@ -33,15 +33,17 @@ for round in $(seq 1 "$ROUNDS"); do
       --batch-size "$BATCH" --iters "$ITERS" --warmup-iters "$WARMUP" --seed "$round" --out "$dir" \
       --bucket-cap-mb "$BUCKET_MB" --yes >/dev/null
     read -r u1 s1 q1 i1 < <(cpu)
-    "$PY" - "$dir" "$rate" $((u1 - u0)) $((s1 - s0)) $((q1 - q0)) $((i1 - i0)) <<'EOF'
-import json, pathlib, sys
-d, rate, *ticks = sys.argv[1:]
-s = json.loads(next(pathlib.Path(d).glob("trials/*/summary.json")).read_text())
+    # the stored row, as `testbed results` reads it (the trial's best attempt), not its files
+    tb results --json "$dir" | "$PY" -c '
+import json, sys
+rate, *ticks = sys.argv[1:]
+(s,) = json.load(sys.stdin)
+status, error = s["status"], s["error"]
+if status != "ok":
+    sys.exit(f"shaped_vs_unshaped.sh: the trial at {rate} ended {status}: {error}")
 t = [int(x) for x in ticks]
-pct = [f"{100 * x / sum(t):.0f}" for x in t]
-print(f"{rate} | {1e3 * s['iter_time_s_p50']:.0f} | {1e3 * (s['forward_s'] + s['backward_s']):.0f} | "
-      f"{1e3 * s['comm_exposed_s']:.0f} | " + " | ".join(pct))
-EOF
+ms = [1e3 * s["iter_time_s_p50"], 1e3 * (s["forward_s"] + s["backward_s"]), 1e3 * s["comm_exposed_s"]]
+print(" | ".join([rate, *(f"{x:.0f}" for x in ms), *(f"{100 * x / sum(t):.0f}" for x in t)]))
+' "$rate" $((u1 - u0)) $((s1 - s0)) $((q1 - q0)) $((i1 - i0))
   done
 done
-rm -rf "$OUT"
