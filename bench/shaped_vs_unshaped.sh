@@ -1,7 +1,7 @@
 #!/bin/bash
 # Does a shaped link make a co-located compressed setting faster than an unshaped one? (seed 10, configuration 2:
-# 5 ranks on 2 cores ran Top-K 1438-1496 ms a step at 2 Gbit/s and 1602-1691 unshaped, which a floor taken unshaped
-# cannot predict; docs/benchmarks.md, seed 10's section.)
+# 5 ranks on 2 cores ran Top-K 1438-1496 ms a step at 2 Gbit/s and 1602-1691 unshaped. Alternated, it was not so:
+# 1469 ms unshaped against 1502 at 2 Gbit/s; docs/benchmarks.md, seed 10's section.)
 #
 #   bench/shaped_vs_unshaped.sh [ROUNDS]   (env: HOSTS MODEL BATCH BUCKET_MB COMPRESSOR RATE ITERS WARMUP)
 #
